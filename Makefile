@@ -1,0 +1,31 @@
+# Every target sets up .venv itself (scripts/bootstrap.sh), so a fresh clone needs nothing else.
+PY := .venv/bin/python
+EXTRAS ?= dev,torch,obs
+
+.PHONY: run test test-all test-ray test-vllm lint typecheck check bench setup walkthrough
+
+setup:
+	@bash scripts/bootstrap.sh $(EXTRAS)
+
+## The main job on the embedded default.
+run: setup
+	$(PY) -m stalebound walkthrough
+
+walkthrough: setup
+	$(PY) -m stalebound walkthrough
+
+## The default test suite (what CI runs first).
+test: setup
+	$(PY) -m pytest -q -m "not ray and not vllm"
+
+lint: setup
+	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff format --check src tests bench
+
+typecheck: setup
+	$(PY) -m mypy
+
+check: lint typecheck test
+
+bench: setup
+	$(PY) bench/core_ops.py

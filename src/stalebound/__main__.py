@@ -1,0 +1,5 @@
+import sys
+
+from stalebound.cli import main
+
+sys.exit(main())

@@ -1,0 +1,734 @@
+"""The per-version staleness buffer: PSRL's Reserve / Occupy / Consume protocol.
+
+Pure and deterministic: no threads, clocks or IO. Drivers (the asyncio runtime, the simulator, the
+Ray coordinator) call it and do the waiting themselves.
+
+Terms (see the README for a worked example):
+
+* ``v``  — :attr:`StalenessBuffer.version`, the training version; buffer ``v`` is consumed next.
+* ``η``  — ``staleness``: a trajectory generated at version ``V`` is trained at most at ``V + η``.
+* ``B``  — ``batch_size``: groups per training step; ``B′`` — ``buffer_size``: entries per buffer.
+* The window holds buffers ``v … v + η``; each entry is ``EMPTY``, ``RESERVED`` or ``OCCUPIED``.
+
+Every operation costs time proportional to the number of buffers it walks (at most ``η + 1``, and
+usually one), never to the number of entries.
+"""
+
+from __future__ import annotations
+
+import enum
+from bisect import insort
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from stalebound.core.errors import ConfigError, InvariantError, ProtocolError
+
+__all__ = [
+    "BufferState",
+    "BufferStatistics",
+    "ConsumedBatch",
+    "ConsumedGroup",
+    "EntryState",
+    "Reservation",
+    "StalenessBuffer",
+]
+
+SNAPSHOT_FORMAT = 1
+
+
+class BufferState(enum.Enum):
+    """The state of one buffer, from its occupied (occ) and empty (emp) entry counts."""
+
+    PENDING = "pending"
+    """occ < B and emp > 0: still accepts Reserve."""
+    STUCK = "stuck"
+    """occ < B and emp = 0: full, waiting on RESERVED entries; blocks training and Reserve."""
+    READY_WITH_CAPACITY = "ready_with_capacity"
+    """occ ≥ B and emp > 0 (only when B′ > B): consumable, still accepts Reserve."""
+    READY = "ready"
+    """occ ≥ B and emp = 0: consumable."""
+
+
+class EntryState(enum.Enum):
+    """The state of one buffer entry (an entry holds one group)."""
+
+    EMPTY = "empty"
+    RESERVED = "reserved"
+    OCCUPIED = "occupied"
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A successful Reserve: ``group_id`` generated at ``version``, held in ``buffer_version``."""
+
+    group_id: Hashable
+    version: int
+    buffer_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedGroup:
+    """A group handed to the trainer (or dropped): its id, its version V and its payload."""
+
+    group_id: Hashable
+    version: int
+    payload: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedBatch:
+    """What :meth:`StalenessBuffer.consume` returns.
+
+    ``groups`` are exactly B groups in occupy order. ``aborted`` are the ids of the surplus RESERVED
+    groups the driver must cancel. ``dropped`` are the ids of extra OCCUPIED groups that had no
+    admissible place left; ``dropped_groups`` carries them with their payloads, so that their cost
+    can be counted.
+    """
+
+    version: int
+    groups: tuple[ConsumedGroup, ...]
+    aborted: tuple[Hashable, ...] = ()
+    dropped: tuple[Hashable, ...] = ()
+    dropped_groups: tuple[ConsumedGroup, ...] = ()
+
+    def staleness(self) -> list[int]:
+        """Staleness of each consumed group: this batch's version minus the group's version."""
+        return [self.version - g.version for g in self.groups]
+
+
+@dataclass(frozen=True)
+class BufferStatistics:
+    """A frozen snapshot of every counter of a :class:`StalenessBuffer`."""
+
+    version: int
+    batch_size: int
+    buffer_size: int
+    staleness_bound: int
+    reserved: int
+    """Groups RESERVED now."""
+    occupied: int
+    """Groups OCCUPIED now."""
+    capacity: int
+    """Reserve calls at the current version that would succeed now."""
+    reserved_total: int
+    occupied_total: int
+    consumed_groups: int
+    consumed_batches: int
+    aborted: Mapping[str, int]
+    """Aborted groups by cause (``surplus`` for consume-time aborts, ``filtered`` for filters, ...)."""
+    dropped: int
+    refused: int
+    """try_reserve calls answered ``None`` (no capacity)."""
+    replaced: int
+    """Extra occupied groups moved to a later buffer at consume time."""
+    pulled_forward: int
+    buffer_states: Mapping[int, BufferState]
+    staleness_histogram: Mapping[int, int]
+    """Consumed groups by staleness (buffer version − group version)."""
+
+    @property
+    def filtered(self) -> int:
+        return self.aborted.get("filtered", 0)
+
+    @property
+    def aborted_total(self) -> int:
+        return sum(self.aborted.values())
+
+    @property
+    def max_consumed_staleness(self) -> int | None:
+        return max(self.staleness_histogram) if self.staleness_histogram else None
+
+
+class _Group:
+    """One group in flight. ``buffer`` is where its entry is; ``seq`` is its occupy order."""
+
+    __slots__ = ("buffer", "group_id", "occupied", "payload", "seq", "version")
+
+    def __init__(self, group_id: Hashable, version: int, buffer: int) -> None:
+        self.group_id = group_id
+        self.version = version
+        self.buffer = buffer
+        self.occupied = False
+        self.seq = -1
+        self.payload: Any = None
+
+
+def _by_seq(g: _Group) -> int:
+    return g.seq
+
+
+class _Buffer:
+    """The non-empty entries of one buffer: RESERVED by reservation order, OCCUPIED by occupy order."""
+
+    __slots__ = ("occupied", "reserved")
+
+    def __init__(self) -> None:
+        self.reserved: dict[Hashable, _Group] = {}
+        self.occupied: list[_Group] = []
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class StalenessBuffer:
+    """Per-version buffers that bound the staleness of every trained trajectory by ``staleness``.
+
+    >>> buf = StalenessBuffer(batch_size=2, staleness=1)
+    >>> buf.try_reserve("a")
+    Reservation(group_id='a', version=0, buffer_version=1)
+    >>> buf.occupy("a")            # finished early: moves to the earliest buffer with room
+    0
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        staleness: int,
+        *,
+        group_size: int = 1,
+        buffer_size: int | None = None,
+        group_redundancy: int | None = None,
+        start_version: int = 0,
+    ) -> None:
+        problems = _validate(
+            batch_size, staleness, group_size, buffer_size, group_redundancy, start_version
+        )
+        if problems:
+            raise ConfigError(problems)
+        self.batch_size: int = batch_size
+        self.staleness: int = staleness
+        self.group_size: int = group_size
+        self.buffer_size: int = batch_size if buffer_size is None else buffer_size
+        self.group_redundancy: int = group_size if group_redundancy is None else group_redundancy
+        self._v = start_version
+        self._buffers: dict[int, _Buffer] = {}
+        self._groups: dict[Hashable, _Group] = {}
+        self._nonempty = 0  # RESERVED + OCCUPIED entries in the window
+        self._next_seq = 0
+        self._reserved_total = 0
+        self._occupied_total = 0
+        self._consumed_groups = 0
+        self._consumed_batches = 0
+        self._aborted: Counter[str] = Counter()
+        self._dropped = 0
+        self._refused = 0
+        self._replaced = 0
+        self._pulled_forward = 0
+        self._histogram: Counter[int] = Counter()
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def version(self) -> int:
+        """The training version v: buffer v is consumed next, and consuming it makes v + 1."""
+        return self._v
+
+    def __len__(self) -> int:
+        """Groups in flight (RESERVED or OCCUPIED)."""
+        return len(self._groups)
+
+    def __contains__(self, group_id: object) -> bool:
+        try:
+            return group_id in self._groups
+        except TypeError:
+            return False
+
+    def lookup(self, group_id: Hashable) -> tuple[EntryState, int, int] | None:
+        """``(state, buffer_version, group_version)`` of a group in flight, or ``None``."""
+        g = self._groups.get(group_id)
+        if g is None:
+            return None
+        return (EntryState.OCCUPIED if g.occupied else EntryState.RESERVED, g.buffer, g.version)
+
+    def state(self, buffer_version: int) -> BufferState:
+        """The state of buffer ``buffer_version`` (one of ``v … v + η``)."""
+        self._check_window("state", buffer_version)
+        return self._state(self._buffers.get(buffer_version))
+
+    def entries(self, buffer_version: int) -> Mapping[EntryState, int]:
+        """How many entries of buffer ``buffer_version`` are in each :class:`EntryState`."""
+        self._check_window("entries", buffer_version)
+        buf = self._buffers.get(buffer_version)
+        occ = len(buf.occupied) if buf else 0
+        res = len(buf.reserved) if buf else 0
+        return MappingProxyType(
+            {
+                EntryState.EMPTY: self.buffer_size - occ - res,
+                EntryState.RESERVED: res,
+                EntryState.OCCUPIED: occ,
+            }
+        )
+
+    def reserved_groups(self, buffer_version: int) -> tuple[Hashable, ...]:
+        """Ids of the RESERVED groups in a buffer, in reservation order."""
+        self._check_window("reserved_groups", buffer_version)
+        buf = self._buffers.get(buffer_version)
+        return tuple(buf.reserved) if buf else ()
+
+    def occupied_groups(self, buffer_version: int) -> tuple[Hashable, ...]:
+        """Ids of the OCCUPIED groups in a buffer, in occupy order."""
+        self._check_window("occupied_groups", buffer_version)
+        buf = self._buffers.get(buffer_version)
+        return tuple(g.group_id for g in buf.occupied) if buf else ()
+
+    def ready(self) -> bool:
+        """Whether buffer v can be consumed now (READY or READY_WITH_CAPACITY)."""
+        buf = self._buffers.get(self._v)
+        return buf is not None and len(buf.occupied) >= self.batch_size
+
+    def capacity(self, version: int | None = None) -> int:
+        """EMPTY entries in buffers ``v … V + η``: how many ``try_reserve(_, V)`` would succeed now."""
+        v = self._v
+        V = v if version is None else self._check_version("capacity", version)
+        top = V + self.staleness
+        if top < v:
+            return 0
+        used = self._nonempty
+        if V != v:  # leave out the buffers above V + η
+            used -= sum(
+                len(b.reserved) + len(b.occupied) for bv, b in self._buffers.items() if bv > top
+            )
+        return (top - v + 1) * self.buffer_size - used
+
+    # ------------------------------------------------------------ operations
+
+    def try_reserve(self, group_id: Hashable, version: int | None = None) -> Reservation | None:
+        """Reserve an entry for a group that starts generating at ``version`` (default v).
+
+        The entry goes into the *latest* buffer ``b`` with ``v ≤ b ≤ V + η`` that has an EMPTY
+        entry: the worst case, so that no completion order can break the bound. Returns ``None``
+        when there is no room (back-pressure), including when ``V + η < v``.
+        """
+        v = self._v
+        V = v if version is None else self._check_version("try_reserve", version)
+        try:
+            existing = self._groups.get(group_id)
+        except TypeError:
+            raise ProtocolError(
+                f"try_reserve(group_id={group_id!r}): group ids must be hashable"
+            ) from None
+        if existing is not None:
+            raise ProtocolError(
+                f"try_reserve(group_id={group_id!r}, version={V}): the group is already in flight "
+                f"({self._describe(existing)}); use a fresh id for a new group, or abort it first"
+            )
+        b = V + self.staleness
+        buffers = self._buffers
+        cap = self.buffer_size
+        while b >= v:
+            buf = buffers.get(b)
+            if buf is None:
+                buf = buffers[b] = _Buffer()
+                break
+            if len(buf.reserved) + len(buf.occupied) < cap:
+                break
+            b -= 1
+        else:
+            self._refused += 1
+            return None
+        g = _Group(group_id, V, b)
+        buf.reserved[group_id] = g
+        self._groups[group_id] = g
+        self._nonempty += 1
+        self._reserved_total += 1
+        return Reservation(group_id, V, b)
+
+    def occupy(
+        self, group_id: Hashable, payload: Any = None, *, segment_versions: Iterable[int] = ()
+    ) -> int:
+        """Mark a RESERVED group complete; return the buffer version it now occupies.
+
+        The reservation at ``r`` is released and the group placed into the earliest buffer in
+        ``[v, r]`` with fewer than B occupied and an EMPTY entry, else the earliest with an EMPTY
+        entry. ``segment_versions`` are the versions that generated the group's segments or tokens;
+        each must be ≥ the group's version and ≤ v.
+        """
+        g = self._reserved_group("occupy", group_id)
+        v = self._v
+        for sv in segment_versions:
+            if not _is_int(sv) or sv < g.version or sv > v:
+                raise ProtocolError(
+                    f"occupy(group_id={group_id!r}): segment version {sv!r} is outside "
+                    f"[{g.version}, {v}] (the group's version {g.version} to the current version "
+                    f"{v}); a segment may not be generated by a policy older than the group's "
+                    "version, nor by one from the future"
+                )
+        r = g.buffer
+        del self._buffers[r].reserved[group_id]
+        b = self._find_place(r)
+        if b is None:  # r itself has the entry we just released
+            raise InvariantError(f"occupy({group_id!r}): no place in [{v}, {r}]")
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        g.seq = seq
+        g.payload = payload
+        g.occupied = True
+        g.buffer = b
+        self._buffers[b].occupied.append(g)  # the newest seq: the list stays in occupy order
+        self._occupied_total += 1
+        return b
+
+    def abort(self, group_id: Hashable, cause: str = "aborted") -> None:
+        """Return a group's entry to EMPTY (RESERVED, or OCCUPIED for filters); count ``cause``."""
+        if not isinstance(cause, str) or not cause:
+            raise ProtocolError(
+                f"abort(group_id={group_id!r}, cause={cause!r}): the cause must be a non-empty "
+                "string such as 'aborted', 'filtered', 'retried' or 'failed'"
+            )
+        g = self._known_group("abort", group_id)
+        buf = self._buffers[g.buffer]
+        if g.occupied:
+            buf.occupied.remove(g)
+        else:
+            del buf.reserved[group_id]
+        del self._groups[group_id]
+        self._nonempty -= 1
+        self._aborted[cause] += 1
+
+    def consume(self) -> ConsumedBatch:
+        """Take the first B occupied groups of buffer v (in occupy order) and advance to v + 1.
+
+        Surplus RESERVED entries of buffer v are aborted (their ids are returned, cause
+        ``surplus``); extra OCCUPIED entries are re-placed into ``[v + 1, V + η]`` by the Occupy
+        rule, in their occupy order, or dropped when no place is admissible.
+        """
+        v = self._v
+        buf = self._buffers.get(v)
+        if buf is None or len(buf.occupied) < self.batch_size:
+            counts = self.entries(v)
+            raise ProtocolError(
+                f"consume(): buffer {v} is {self._state(buf).name} "
+                f"({counts[EntryState.OCCUPIED]} of {self.batch_size} occupied, "
+                f"{counts[EntryState.RESERVED]} reserved, {counts[EntryState.EMPTY]} empty); "
+                "consume only when ready() is True"
+            )
+        taken = buf.occupied[: self.batch_size]
+        extra = buf.occupied[self.batch_size :]
+        surplus = tuple(buf.reserved)
+        groups = self._groups
+        hist = self._histogram
+        for g in taken:
+            del groups[g.group_id]
+            hist[v - g.version] += 1
+        for gid in surplus:
+            del groups[gid]
+        del self._buffers[v]
+        self._v = v + 1
+        self._nonempty -= len(taken) + len(surplus) + len(extra)
+        self._consumed_groups += len(taken)
+        self._consumed_batches += 1
+        if surplus:
+            self._aborted["surplus"] += len(surplus)
+        dropped = [g for g in extra if not self._replace(g)]
+        for g in dropped:
+            del groups[g.group_id]
+        self._dropped += len(dropped)
+        return ConsumedBatch(
+            version=v,
+            groups=tuple(ConsumedGroup(g.group_id, g.version, g.payload) for g in taken),
+            aborted=surplus,
+            dropped=tuple(g.group_id for g in dropped),
+            dropped_groups=tuple(ConsumedGroup(g.group_id, g.version, g.payload) for g in dropped),
+        )
+
+    def pull_forward(self, buffer_version: int | None = None) -> tuple[Hashable, ...]:
+        """Move OCCUPIED groups from later buffers into ``buffer_version`` (default v).
+
+        Moves while the target has fewer than B occupied and an EMPTY entry, taking the earliest
+        later buffer first and, within it, the earliest occupied. Moving a group to an earlier
+        buffer lowers its staleness, so it is always legal. Returns the moved ids.
+        """
+        target = self._v if buffer_version is None else buffer_version
+        self._check_window("pull_forward", target)
+        moved: list[Hashable] = []
+        dst = self._buffers.get(target)
+        if dst is None:
+            dst = _Buffer()
+        for bv in range(target + 1, self._v + self.staleness + 1):
+            src = self._buffers.get(bv)
+            while src and src.occupied and self._accepts(dst):
+                g = src.occupied.pop(0)
+                g.buffer = target
+                insort(dst.occupied, g, key=_by_seq)
+                moved.append(g.group_id)
+        if moved:
+            self._buffers[target] = dst
+            self._pulled_forward += len(moved)
+        return tuple(moved)
+
+    def statistics(self) -> BufferStatistics:
+        """A frozen snapshot of every counter."""
+        window = range(self._v, self._v + self.staleness + 1)
+        return BufferStatistics(
+            version=self._v,
+            batch_size=self.batch_size,
+            buffer_size=self.buffer_size,
+            staleness_bound=self.staleness,
+            reserved=sum(len(b.reserved) for b in self._buffers.values()),
+            occupied=sum(len(b.occupied) for b in self._buffers.values()),
+            capacity=self.capacity(),
+            reserved_total=self._reserved_total,
+            occupied_total=self._occupied_total,
+            consumed_groups=self._consumed_groups,
+            consumed_batches=self._consumed_batches,
+            aborted=MappingProxyType(dict(self._aborted)),
+            dropped=self._dropped,
+            refused=self._refused,
+            replaced=self._replaced,
+            pulled_forward=self._pulled_forward,
+            buffer_states=MappingProxyType(
+                {bv: self._state(self._buffers.get(bv)) for bv in window}
+            ),
+            staleness_histogram=MappingProxyType(dict(sorted(self._histogram.items()))),
+        )
+
+    # ------------------------------------------------------- snapshot/restore
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as plain data (dicts, lists, ints, strings and the payloads)."""
+        groups: list[dict[str, Any]] = []
+        for bv in sorted(self._buffers):
+            buf = self._buffers[bv]
+            for g in buf.reserved.values():
+                groups.append({"group_id": g.group_id, "version": g.version, "buffer": bv})
+            for g in buf.occupied:
+                groups.append(
+                    {
+                        "group_id": g.group_id,
+                        "version": g.version,
+                        "buffer": bv,
+                        "seq": g.seq,
+                        "payload": g.payload,
+                    }
+                )
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "batch_size": self.batch_size,
+            "staleness": self.staleness,
+            "group_size": self.group_size,
+            "buffer_size": self.buffer_size,
+            "group_redundancy": self.group_redundancy,
+            "version": self._v,
+            "next_seq": self._next_seq,
+            "groups": groups,
+            "counters": {
+                "reserved_total": self._reserved_total,
+                "occupied_total": self._occupied_total,
+                "consumed_groups": self._consumed_groups,
+                "consumed_batches": self._consumed_batches,
+                "aborted": dict(self._aborted),
+                "dropped": self._dropped,
+                "refused": self._refused,
+                "replaced": self._replaced,
+                "pulled_forward": self._pulled_forward,
+                "histogram": {str(k): n for k, n in self._histogram.items()},
+            },
+        }
+
+    @classmethod
+    def restore(cls, snapshot: Mapping[str, Any]) -> StalenessBuffer:
+        """Rebuild a buffer from :meth:`snapshot` output; a damaged snapshot raises ProtocolError."""
+        try:
+            fmt = snapshot["format"]
+            if fmt != SNAPSHOT_FORMAT:
+                raise ProtocolError(
+                    f"restore(): snapshot format {fmt!r} is not supported (this stalebound reads "
+                    f"format {SNAPSHOT_FORMAT}); restore it with the version that wrote it"
+                )
+            buf = cls(
+                snapshot["batch_size"],
+                snapshot["staleness"],
+                group_size=snapshot["group_size"],
+                buffer_size=snapshot["buffer_size"],
+                group_redundancy=snapshot["group_redundancy"],
+                start_version=snapshot["version"],
+            )
+            buf._next_seq = int(snapshot["next_seq"])
+            for item in snapshot["groups"]:
+                buf._restore_group(item)
+            c = snapshot["counters"]
+            buf._reserved_total = int(c["reserved_total"])
+            buf._occupied_total = int(c["occupied_total"])
+            buf._consumed_groups = int(c["consumed_groups"])
+            buf._consumed_batches = int(c["consumed_batches"])
+            buf._aborted = Counter({str(k): int(n) for k, n in c["aborted"].items()})
+            buf._dropped = int(c["dropped"])
+            buf._refused = int(c["refused"])
+            buf._replaced = int(c["replaced"])
+            buf._pulled_forward = int(c["pulled_forward"])
+            buf._histogram = Counter({int(k): int(n) for k, n in c["histogram"].items()})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(
+                f"restore(): the snapshot is damaged or not a StalenessBuffer snapshot "
+                f"({type(exc).__name__}: {exc}); restore from an intact checkpoint"
+            ) from exc
+        buf.check_invariants()
+        return buf
+
+    def _restore_group(self, item: Mapping[str, Any]) -> None:
+        gid, version, bv = item["group_id"], int(item["version"]), int(item["buffer"])
+        v, eta = self._v, self.staleness
+        if gid in self._groups or not (v <= bv <= version + eta) or version > v:
+            raise ProtocolError(
+                f"restore(): group {gid!r} (version {version}) cannot sit in buffer {bv} at "
+                f"version {v} with staleness {eta}, or appears twice; the snapshot is damaged"
+            )
+        g = _Group(gid, version, bv)
+        buf = self._buffers.setdefault(bv, _Buffer())
+        if "seq" in item:
+            g.occupied, g.seq, g.payload = True, int(item["seq"]), item.get("payload")
+            insort(buf.occupied, g, key=_by_seq)
+        else:
+            buf.reserved[gid] = g
+        self._groups[gid] = g
+        self._nonempty += 1
+
+    def check_invariants(self) -> None:
+        """Raise :class:`InvariantError` if the internal state is inconsistent (used by tests)."""
+        v, eta = self._v, self.staleness
+        seen = 0
+        for bv, buf in self._buffers.items():
+            if not v <= bv <= v + eta:
+                raise InvariantError(f"buffer {bv} outside the window [{v}, {v + eta}]")
+            if len(buf.reserved) + len(buf.occupied) > self.buffer_size:
+                raise InvariantError(f"buffer {bv} holds more than {self.buffer_size} entries")
+            seqs = [g.seq for g in buf.occupied]
+            if seqs != sorted(seqs):
+                raise InvariantError(f"buffer {bv} occupied entries out of occupy order")
+            for g in [*buf.reserved.values(), *buf.occupied]:
+                if self._groups.get(g.group_id) is not g or g.buffer != bv:
+                    raise InvariantError(f"group {g.group_id!r} misfiled in buffer {bv}")
+                if bv > g.version + eta:
+                    raise InvariantError(f"group {g.group_id!r} (version {g.version}) in {bv}")
+            seen += len(buf.reserved) + len(buf.occupied)
+        if seen != len(self._groups) or seen != self._nonempty:
+            raise InvariantError(
+                f"{seen} entries filed, {len(self._groups)} groups, {self._nonempty} counted"
+            )
+
+    # --------------------------------------------------------------- helpers
+
+    def _state(self, buf: _Buffer | None) -> BufferState:
+        occ = len(buf.occupied) if buf else 0
+        emp = self.buffer_size - occ - (len(buf.reserved) if buf else 0)
+        if occ >= self.batch_size:
+            return BufferState.READY if emp == 0 else BufferState.READY_WITH_CAPACITY
+        return BufferState.PENDING if emp > 0 else BufferState.STUCK
+
+    def _accepts(self, buf: _Buffer) -> bool:
+        occ = len(buf.occupied)
+        return occ < self.batch_size and occ + len(buf.reserved) < self.buffer_size
+
+    def _find_place(self, r: int) -> int | None:
+        """The Occupy rule: earliest buffer in [v, r] with occ < B and an EMPTY entry, else the
+        earliest in [v, r] with an EMPTY entry, else None. Creates the buffer if it is new."""
+        fallback = None
+        cap, batch = self.buffer_size, self.batch_size
+        for bv in range(self._v, r + 1):
+            buf = self._buffers.get(bv)
+            if buf is None:
+                self._buffers[bv] = _Buffer()
+                return bv
+            occ = len(buf.occupied)
+            if occ + len(buf.reserved) < cap:
+                if occ < batch:
+                    return bv
+                if fallback is None:
+                    fallback = bv
+        return fallback
+
+    def _replace(self, g: _Group) -> bool:
+        """Re-place an extra occupied group after consume; False when it must be dropped."""
+        b = self._find_place(g.version + self.staleness)
+        if b is None:
+            return False
+        g.buffer = b
+        insort(self._buffers[b].occupied, g, key=_by_seq)
+        self._nonempty += 1
+        self._replaced += 1
+        return True
+
+    def _check_window(self, op: str, buffer_version: int) -> None:
+        v, top = self._v, self._v + self.staleness
+        if not _is_int(buffer_version) or not v <= buffer_version <= top:
+            raise ProtocolError(
+                f"{op}({buffer_version!r}): buffer versions in the window are {v} … {top} "
+                f"(version {v}, staleness {self.staleness}); earlier buffers were consumed and "
+                "later ones do not exist yet"
+            )
+
+    def _check_version(self, op: str, version: int) -> int:
+        if not _is_int(version):
+            raise ProtocolError(f"{op}(version={version!r}): the version must be an int")
+        if version > self._v:
+            raise ProtocolError(
+                f"{op}(version={version}): version {version} is from the future (the current "
+                f"version is {self._v}); generation can only start at a version ≤ {self._v}"
+            )
+        return version
+
+    def _known_group(self, op: str, group_id: Hashable) -> _Group:
+        try:
+            g = self._groups.get(group_id)
+        except TypeError:
+            g = None
+        if g is None:
+            raise ProtocolError(
+                f"{op}(group_id={group_id!r}): no such group in flight (never reserved, or already "
+                f"consumed, aborted or dropped) at version {self._v}"
+            )
+        return g
+
+    def _reserved_group(self, op: str, group_id: Hashable) -> _Group:
+        g = self._known_group(op, group_id)
+        if g.occupied:
+            raise ProtocolError(
+                f"{op}(group_id={group_id!r}): the group is already OCCUPIED in buffer {g.buffer} "
+                f"(version {g.version}); a group is occupied once"
+            )
+        return g
+
+    def _describe(self, g: _Group) -> str:
+        state = "OCCUPIED" if g.occupied else "RESERVED"
+        return f"{state} in buffer {g.buffer}, version {g.version}"
+
+
+def _validate(
+    batch_size: object,
+    staleness: object,
+    group_size: object,
+    buffer_size: object,
+    group_redundancy: object,
+    start_version: object,
+) -> list[str]:
+    problems: list[str] = []
+
+    def need_int(name: str, value: object, low: int, fix: str) -> bool:
+        if not _is_int(value) or value < low:  # type: ignore[operator]
+            problems.append(f"{name}={value!r}: must be an integer ≥ {low}; {fix}")
+            return False
+        return True
+
+    ok_b = need_int("batch_size", batch_size, 1, "set it to the groups per training step")
+    need_int("staleness", staleness, 0, "use 0 for synchronous training")
+    ok_n = need_int("group_size", group_size, 1, "use 1 when each group is one trajectory")
+    need_int("start_version", start_version, 0, "versions count training steps from 0")
+    if buffer_size is not None and ok_b:
+        need_int(
+            "buffer_size",
+            buffer_size,
+            batch_size,  # type: ignore[arg-type]
+            f"use None or at least batch_size={batch_size} (larger adds batch-level redundancy)",
+        )
+    if group_redundancy is not None and ok_n:
+        need_int(
+            "group_redundancy",
+            group_redundancy,
+            group_size,  # type: ignore[arg-type]
+            f"use None or at least group_size={group_size} (larger adds group-level redundancy)",
+        )
+    return problems
