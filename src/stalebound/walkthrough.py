@@ -12,7 +12,11 @@ from rich.table import Table
 
 from stalebound.core import EntryState, StalenessBuffer
 
-_GLYPH = {EntryState.OCCUPIED: "[green]■[/]", EntryState.RESERVED: "[yellow]▣[/]", EntryState.EMPTY: "[dim]□[/]"}
+_GLYPH = {
+    EntryState.OCCUPIED: "[green]■[/]",
+    EntryState.RESERVED: "[yellow]▣[/]",
+    EntryState.EMPTY: "[dim]□[/]",
+}
 
 
 def _draw(console: Console, buf: StalenessBuffer, caption: str) -> None:
@@ -23,7 +27,8 @@ def _draw(console: Console, buf: StalenessBuffer, caption: str) -> None:
     for bv in range(buf.version, buf.version + buf.staleness + 1):
         counts = buf.entries(bv)
         row = "".join(
-            _GLYPH[s] * counts[s] for s in (EntryState.OCCUPIED, EntryState.RESERVED, EntryState.EMPTY)
+            _GLYPH[s] * counts[s]
+            for s in (EntryState.OCCUPIED, EntryState.RESERVED, EntryState.EMPTY)
         )
         marker = " ← trained next" if bv == buf.version else ""
         table.add_row(f"v{bv}{marker}", row, buf.state(bv).name)

@@ -23,11 +23,21 @@ from stalebound.core.groups import (
     MemberResult,
     Relaunch,
 )
+from stalebound.core.policy import (
+    Admission,
+    BufferPolicy,
+    CapacityPolicy,
+    PolicyStatistics,
+    StalenessPolicy,
+)
 
 __all__ = [
+    "Admission",
+    "BufferPolicy",
     "BufferState",
     "BufferStatistics",
     "CapacityCounter",
+    "CapacityPolicy",
     "ConfigError",
     "ConsumedBatch",
     "ConsumedGroup",
@@ -38,10 +48,12 @@ __all__ = [
     "InvariantError",
     "MemberId",
     "MemberResult",
+    "PolicyStatistics",
     "ProtocolError",
     "Relaunch",
     "Reservation",
     "RolloutStat",
     "StaleboundError",
     "StalenessBuffer",
+    "StalenessPolicy",
 ]

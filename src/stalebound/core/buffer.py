@@ -20,7 +20,7 @@ import enum
 from bisect import insort
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -288,7 +288,7 @@ class StalenessBuffer:
         if top < v:
             return 0
         used = self._nonempty
-        if V != v:  # leave out the buffers above V + η
+        if v != V:  # leave out the buffers above V + η
             used -= sum(
                 len(b.reserved) + len(b.occupied) for bv, b in self._buffers.items() if bv > top
             )

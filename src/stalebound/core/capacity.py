@@ -82,7 +82,9 @@ class CapacityCounter:
     def version_recovered(self, version: int) -> None:
         """After resuming at ``version``: count the batches already trained as accepted."""
         if not isinstance(version, int) or version < 0:
-            raise ProtocolError(f"on_version_recovered({version!r}): the version must be an int ≥ 0")
+            raise ProtocolError(
+                f"on_version_recovered({version!r}): the version must be an int ≥ 0"
+            )
         self.stat.accepted = version * max(1, self.consumer_batch_size)
 
     def _need(self, op: str, counter: str) -> None:

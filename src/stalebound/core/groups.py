@@ -23,7 +23,7 @@ class MemberId(NamedTuple):
     """One trajectory of a group: the group's id and the member's launch index."""
 
     group_id: Hashable
-    index: int
+    number: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +76,19 @@ class GroupTracker:
     """Tracks the members of every group in flight."""
 
     def __init__(
-        self, group_size: int, group_redundancy: int | None = None, *, max_relaunches: int | None = None
+        self,
+        group_size: int,
+        group_redundancy: int | None = None,
+        *,
+        max_relaunches: int | None = None,
     ) -> None:
         problems = []
         if not isinstance(group_size, int) or group_size < 1:
             problems.append(f"group_size={group_size!r}: must be an integer ≥ 1")
         redundancy = group_size if group_redundancy is None else group_redundancy
-        if not isinstance(redundancy, int) or (isinstance(group_size, int) and redundancy < group_size):
+        if not isinstance(redundancy, int) or (
+            isinstance(group_size, int) and redundancy < group_size
+        ):
             problems.append(
                 f"group_redundancy={group_redundancy!r}: must be an integer ≥ group_size="
                 f"{group_size!r}; use None for no group-level redundancy"
@@ -172,9 +178,9 @@ class GroupTracker:
         return g
 
     def _pop_running(self, op: str, g: _Group, member: MemberId) -> int:
-        if member.index not in g.running:
+        if member.number not in g.running:
             raise ProtocolError(
                 f"{op}(member={member!r}): the member is not running (never launched, or already "
                 "finished or failed)"
             )
-        return g.running.pop(member.index)
+        return g.running.pop(member.number)

@@ -1,0 +1,353 @@
+"""Staleness policies: one interface over PSRL's buffer and AReaL's count-based admission.
+
+Drivers — the asyncio executor, the simulator and the Ray coordinator — hold one policy and call
+the same five decisions on it: :meth:`~StalenessPolicy.try_admit` before launching a group,
+:meth:`~StalenessPolicy.complete` when it finishes, :meth:`~StalenessPolicy.abort` when it fails or
+is cancelled, :meth:`~StalenessPolicy.ready` / :meth:`~StalenessPolicy.consume` for the trainer.
+Because the decisions live here, one trace of calls gives the same decisions in every driver.
+
+* :class:`BufferPolicy` — the staleness buffer: a per-trajectory bound, never violated.
+* :class:`CapacityPolicy` — AReaL's ``StalenessManager`` arithmetic with a FIFO of results: the
+  bound holds in aggregate only. With ``drop_stale=True`` results staler than η are discarded
+  (the "capacity-drop" policy several frameworks use), which keeps the bound by wasting work.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from stalebound.core.buffer import ConsumedBatch, ConsumedGroup, StalenessBuffer
+from stalebound.core.capacity import CapacityCounter
+from stalebound.core.errors import ConfigError, ProtocolError
+
+__all__ = [
+    "Admission",
+    "BufferPolicy",
+    "CapacityPolicy",
+    "PolicyStatistics",
+    "StalenessPolicy",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A group may start: generate it with a policy of version ``version``."""
+
+    group_id: Hashable
+    version: int
+    buffer_version: int | None = None
+    """Where the buffer policy reserved its entry; ``None`` for the capacity policy."""
+
+
+@dataclass(frozen=True)
+class PolicyStatistics:
+    """What every policy reports, so drivers and the simulator can compare them."""
+
+    policy: str
+    version: int
+    staleness_bound: int
+    running: int
+    """Groups admitted and not yet completed, aborted or cancelled."""
+    waiting: int
+    """Completed groups not yet consumed."""
+    admitted: int
+    completed: int
+    consumed: int
+    aborted: Mapping[str, int]
+    dropped: int
+    """Completed groups discarded without training (no admissible place, or too stale)."""
+    staleness_histogram: Mapping[int, int]
+    violations: int
+    """Consumed groups staler than the bound (always 0 for the buffer policy)."""
+
+
+class StalenessPolicy(Protocol):
+    """The decisions a driver asks of a staleness policy. Implementations are pure and
+    single-threaded; drivers serialise calls (one event loop, or one lock)."""
+
+    name: str
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def staleness(self) -> int: ...
+
+    @property
+    def batch_size(self) -> int: ...
+
+    def capacity(self, version: int | None = None) -> int: ...
+
+    def try_admit(self, group_id: Hashable, version: int | None = None) -> Admission | None: ...
+
+    def complete(
+        self, group_id: Hashable, payload: Any = None, *, segment_versions: Iterable[int] = ()
+    ) -> bool: ...
+
+    def abort(self, group_id: Hashable, cause: str = "aborted") -> None: ...
+
+    def ready(self) -> bool: ...
+
+    def consume(self) -> ConsumedBatch: ...
+
+    def is_running(self, group_id: Hashable) -> bool: ...
+
+    def statistics(self) -> PolicyStatistics: ...
+
+
+def _check_limit(name: str, value: int | None) -> None:
+    if value is not None and (not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{name}={value!r}: must be an integer ≥ 1 or None; None means no limit")
+
+
+class BufferPolicy:
+    """PSRL's staleness buffer plus an optional concurrency limit on running groups."""
+
+    name = "buffer"
+
+    def __init__(self, buffer: StalenessBuffer, max_concurrent: int | None = None) -> None:
+        _check_limit("max_concurrent", max_concurrent)
+        self.buffer = buffer
+        self.max_concurrent = max_concurrent
+        self._running: set[Hashable] = set()
+        self._admitted = 0
+        self._completed = 0
+        self._aborted: Counter[str] = Counter()
+
+    @property
+    def version(self) -> int:
+        return self.buffer.version
+
+    @property
+    def staleness(self) -> int:
+        return self.buffer.staleness
+
+    @property
+    def batch_size(self) -> int:
+        return self.buffer.batch_size
+
+    def capacity(self, version: int | None = None) -> int:
+        free = self.buffer.capacity(version)
+        if self.max_concurrent is not None:
+            free = min(free, self.max_concurrent - len(self._running))
+        return free
+
+    def try_admit(self, group_id: Hashable, version: int | None = None) -> Admission | None:
+        if group_id in self.buffer:
+            raise ProtocolError(
+                f"try_admit(group_id={group_id!r}): the group is already in flight; use a fresh id"
+            )
+        if self.max_concurrent is not None and len(self._running) >= self.max_concurrent:
+            return None
+        r = self.buffer.try_reserve(group_id, version)
+        if r is None:
+            return None
+        self._running.add(group_id)
+        self._admitted += 1
+        return Admission(group_id, r.version, r.buffer_version)
+
+    def complete(
+        self, group_id: Hashable, payload: Any = None, *, segment_versions: Iterable[int] = ()
+    ) -> bool:
+        """Occupy the group's entry; always True (the buffer never refuses a finished group)."""
+        self.buffer.occupy(group_id, payload, segment_versions=segment_versions)
+        self._running.discard(group_id)
+        self._completed += 1
+        return True
+
+    def abort(self, group_id: Hashable, cause: str = "aborted") -> None:
+        self.buffer.abort(group_id, cause)
+        self._running.discard(group_id)
+        self._aborted[cause] += 1
+
+    def ready(self) -> bool:
+        return self.buffer.ready()
+
+    def consume(self) -> ConsumedBatch:
+        batch = self.buffer.consume()
+        for gid in batch.aborted:  # surplus reservations: the driver cancels them
+            self._running.discard(gid)
+            self._aborted["surplus"] += 1
+        return batch
+
+    def is_running(self, group_id: Hashable) -> bool:
+        return group_id in self._running
+
+    def statistics(self) -> PolicyStatistics:
+        s = self.buffer.statistics()
+        return PolicyStatistics(
+            policy=self.name,
+            version=s.version,
+            staleness_bound=s.staleness_bound,
+            running=len(self._running),
+            waiting=s.occupied,
+            admitted=self._admitted,
+            completed=self._completed,
+            consumed=s.consumed_groups,
+            aborted=MappingProxyType(dict(self._aborted)),
+            dropped=s.dropped,
+            staleness_histogram=s.staleness_histogram,
+            violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness_bound),
+        )
+
+
+class CapacityPolicy:
+    """AReaL's count-based admission with results consumed first-in, first-out by completion."""
+
+    name = "capacity"
+
+    def __init__(
+        self,
+        counter: CapacityCounter,
+        *,
+        drop_stale: bool = False,
+        start_version: int = 0,
+    ) -> None:
+        self.counter = counter
+        self.drop_stale = drop_stale
+        if drop_stale:
+            self.name = "capacity-drop"
+        self._v = start_version
+        self._running: dict[Hashable, int] = {}
+        self._done: deque[ConsumedGroup] = deque()
+        self._done_ids: set[Hashable] = set()
+        self._dropped_since: list[ConsumedGroup] = []
+        self._admitted = 0
+        self._completed = 0
+        self._consumed = 0
+        self._dropped = 0
+        self._aborted: Counter[str] = Counter()
+        self._histogram: Counter[int] = Counter()
+        if start_version:
+            counter.version_recovered(start_version)
+
+    @property
+    def version(self) -> int:
+        return self._v
+
+    @property
+    def staleness(self) -> int:
+        return self.counter.max_staleness
+
+    @property
+    def batch_size(self) -> int:
+        return max(1, self.counter.consumer_batch_size)
+
+    def capacity(self, version: int | None = None) -> int:
+        return self.counter.capacity(self._v)
+
+    def try_admit(self, group_id: Hashable, version: int | None = None) -> Admission | None:
+        if group_id in self._running or group_id in self._done_ids:
+            raise ProtocolError(
+                f"try_admit(group_id={group_id!r}): the group is already in flight; use a fresh id"
+            )
+        V = self._v if version is None else version
+        if self._v < V:
+            raise ProtocolError(
+                f"try_admit(version={V}): version {V} is from the future (the current version "
+                f"is {self._v})"
+            )
+        if self.counter.capacity(self._v) <= 0:
+            return None
+        self.counter.enqueued()
+        self.counter.submitted()
+        self._running[group_id] = V
+        self._admitted += 1
+        return Admission(group_id, V)
+
+    def complete(
+        self, group_id: Hashable, payload: Any = None, *, segment_versions: Iterable[int] = ()
+    ) -> bool:
+        """Queue the result; False when ``drop_stale`` discards it as already staler than η."""
+        V = self._running_version("complete", group_id)
+        for sv in segment_versions:
+            if sv < V or sv > self._v:
+                raise ProtocolError(
+                    f"complete(group_id={group_id!r}): segment version {sv!r} is outside "
+                    f"[{V}, {self._v}]"
+                )
+        del self._running[group_id]
+        self._completed += 1
+        group = ConsumedGroup(group_id, V, payload)
+        if self.drop_stale and self._v - V > self.counter.max_staleness:
+            self.counter.rejected()
+            self._drop(group)
+            return False
+        self.counter.accepted()
+        self._done.append(group)
+        self._done_ids.add(group_id)
+        return True
+
+    def abort(self, group_id: Hashable, cause: str = "aborted") -> None:
+        self._running_version("abort", group_id)
+        del self._running[group_id]
+        self.counter.rejected()
+        self._aborted[cause] += 1
+
+    def ready(self) -> bool:
+        return len(self._done) >= self.batch_size
+
+    def consume(self) -> ConsumedBatch:
+        if not self.ready():
+            raise ProtocolError(
+                f"consume(): {len(self._done)} of {self.batch_size} results are waiting; "
+                "consume only when ready() is True"
+            )
+        v = self._v
+        groups = tuple(self._done.popleft() for _ in range(self.batch_size))
+        for g in groups:
+            self._done_ids.discard(g.group_id)
+            self._histogram[v - g.version] += 1
+        self._consumed += len(groups)
+        self._v = v + 1
+        if self.drop_stale:  # what would be staler than η at the next step can never be trained
+            keep = [g for g in self._done if self._v - g.version <= self.counter.max_staleness]
+            for g in self._done:
+                if self._v - g.version > self.counter.max_staleness:
+                    self._done_ids.discard(g.group_id)
+                    self._drop(g)
+            self._done = deque(keep)
+        dropped, self._dropped_since = tuple(self._dropped_since), []
+        return ConsumedBatch(
+            version=v,
+            groups=groups,
+            dropped=tuple(g.group_id for g in dropped),
+            dropped_groups=dropped,
+        )
+
+    def is_running(self, group_id: Hashable) -> bool:
+        return group_id in self._running
+
+    def statistics(self) -> PolicyStatistics:
+        eta = self.counter.max_staleness
+        return PolicyStatistics(
+            policy=self.name,
+            version=self._v,
+            staleness_bound=eta,
+            running=len(self._running),
+            waiting=len(self._done),
+            admitted=self._admitted,
+            completed=self._completed,
+            consumed=self._consumed,
+            aborted=MappingProxyType(dict(self._aborted)),
+            dropped=self._dropped,
+            staleness_histogram=MappingProxyType(dict(sorted(self._histogram.items()))),
+            violations=sum(n for k, n in self._histogram.items() if k > eta),
+        )
+
+    def _drop(self, group: ConsumedGroup) -> None:
+        self._dropped += 1
+        self._dropped_since.append(group)
+
+    def _running_version(self, op: str, group_id: Hashable) -> int:
+        V = self._running.get(group_id)
+        if V is None:
+            raise ProtocolError(
+                f"{op}(group_id={group_id!r}): no such group running (never admitted, or already "
+                "completed or aborted)"
+            )
+        return V
