@@ -36,11 +36,11 @@ def test_core_imports_only_the_standard_library_and_itself() -> None:
     for path in CORE.glob("*.py"):
         for name in imported_modules(path):
             top = name.split(".")[0]
-            if name.startswith("stalebound.") and not name.startswith("stalebound.core"):
-                offenders[path.name] = name
-            elif top != "stalebound" and (
-                top not in sys.stdlib_module_names or top in forbidden_std
-            ):
+            if top == "stalebound":
+                allowed = name == "stalebound.core" or name.startswith("stalebound.core.")
+            else:
+                allowed = top in sys.stdlib_module_names and top not in forbidden_std
+            if not allowed:
                 offenders[path.name] = name
     assert offenders == {}
 
