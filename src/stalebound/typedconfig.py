@@ -139,7 +139,11 @@ def show(value: Any, limit: int | None = None) -> str:
     """``value`` as it would be written after ``key=`` (YAML flow style), optionally shortened."""
     try:
         text = yaml.safe_dump(
-            to_plain(value), default_flow_style=True, allow_unicode=True, width=2**30
+            to_plain(value),
+            default_flow_style=True,
+            allow_unicode=True,
+            width=2**30,
+            sort_keys=False,
         ).strip()
     except (yaml.YAMLError, RecursionError, TypeError):
         text = repr(value)
@@ -360,9 +364,9 @@ class Schema:
         """Every key a user may write: canonical paths and aliases."""
         return [_dotted(p) for p in self.fields] + [_dotted(a) for a in self.aliases]
 
-    def unknown_fix(self, dotted: str, candidates: Sequence[str] | None = None) -> str:
-        """ "did you mean X?" or where to find the valid keys."""
-        match = suggest(dotted, self.spellings() if candidates is None else candidates)
+    def unknown_fix(self, dotted: str) -> str:
+        """The fix for an unknown key: the closest known spelling, or where to find them all."""
+        match = suggest(dotted, self.spellings())
         if match is not None:
             return f"did you mean {match}?"
         return "remove it" + (f" ({self.reference_hint})" if self.reference_hint else "")
@@ -376,9 +380,16 @@ class Schema:
         for layer in layers:
             entries = self._layer_entries(layer, problems)
             for path, entry in entries.items():
-                # A later layer replaces a whole key: drop what an earlier one set above or below it.
-                for old in [p for p in merged if p[: len(path)] == path or path[: len(p)] == p]:
-                    del merged[old]
+                empty = _is_empty_mapping(entry.value)
+                if empty and path not in self.sections:
+                    continue  # an empty mapping under an alias prefix sets nothing
+                # A later layer replaces a whole key: drop what an earlier one set at it, above it,
+                # or below it; an empty section mapping adds to what is below rather than reset it.
+                for old in list(merged):
+                    above = len(old) < len(path) and path[: len(old)] == old
+                    below = len(old) > len(path) and old[: len(path)] == path
+                    if old == path or above or (below and not empty):
+                        del merged[old]
                 merged[path] = entry
         builder = _Builder(merged, problems)
         result = builder.build(self.root, ())
@@ -413,6 +424,10 @@ class Schema:
         return entries
 
 
+def _is_empty_mapping(value: Any) -> bool:
+    return isinstance(value, Mapping) and not value
+
+
 def _same(a: Any, b: Any) -> bool:
     try:
         return type(a) is type(b) and bool(a == b)
@@ -444,6 +459,9 @@ def _flatten(
             continue
         path = prefix + parts
         if isinstance(value, Mapping) and is_branch(path):
+            if not value:
+                # Kept so that an empty mapping switches an optional section on with its defaults.
+                out.append((path, {}))
             _flatten(value, path, is_branch, out, problems)
         else:
             out.append((path, value))
@@ -503,7 +521,7 @@ class _Builder:
         default = _default_of(f)
         if _is_section(inner):
             has_children = path in self.prefixes
-            if entry is not None:
+            if entry is not None and not _is_empty_mapping(entry.value):
                 if entry.value is None and optional and not has_children:
                     return None
                 self.problems.append(
