@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -521,7 +522,7 @@ def test_dump_round_trip(tmp_path: Path) -> None:
 
 
 def test_main_prints_the_resolved_config_and_errors() -> None:
-    env = {"PYTHONPATH": str(ROOT / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(
         [sys.executable, "-m", "stalebound.config", "--consumer-batch-size", "16"],
         capture_output=True,
@@ -579,7 +580,7 @@ def test_reference_from_the_command_line() -> None:
         [sys.executable, "-m", "stalebound.config", "--reference"],
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": str(ROOT / "src")},
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         check=True,
     )
     assert done.stdout == config_reference()

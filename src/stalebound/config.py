@@ -286,7 +286,10 @@ python -m stalebound.config my.yaml --consumer-batch-size 16   # print the resol
   (`--max-head-offpolicyness 1000`, `--rollout.group-size 8`). `--config FILE` names a YAML file.
 * **Aliases**: the spellings of AReaL and PSRL configs (table at the end) are accepted in YAML files,
   overrides and flags. Giving one key under two spellings with different values in the same file, or
-  in the same command line, is an error naming both.
+  in the same command line, is an error naming both. PSRL's two redundancy levels are spelled
+  `psrl.redundant_rollout.buffer_size` (entries per buffer, B′ → `rollout.buffer_size`) and
+  `psrl.redundant_rollout.rollout_n` (trajectories launched per group, N′ →
+  `rollout.group_redundancy`), after PSRL's own `rollout_n` for N.
 * **Errors**: every problem is reported at once, one per line, as `name=value: why; the fix`.
   Types are checked strictly: `"abc"` is not an integer, `4.0` is not an integer (an integer is a
   valid float), `null` is accepted only where the type says `or null`.

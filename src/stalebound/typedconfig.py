@@ -44,8 +44,13 @@ __all__ = [
     "bounds",
     "dump_yaml",
     "field_docs",
+    "file_layer",
     "null_means",
+    "override_layer",
+    "parse_argv",
+    "reference_tables",
     "show",
+    "suggest",
     "to_plain",
 ]
 
@@ -524,13 +529,12 @@ class _Builder:
             if entry is not None and not _is_empty_mapping(entry.value):
                 if entry.value is None and optional and not has_children:
                     return None
+                names = [g.name for g in dataclasses.fields(inner)] or ["key"]
                 self.problems.append(
                     f"{entry.spelling}={show(entry.value, 80)}: must be a mapping of its fields; "
-                    f"set them one by one, like {entry.spelling}.{dataclasses.fields(inner)[0].name}=…"
+                    f"set them one by one, like {entry.spelling}.{names[0]}=…"
                 )
-            if has_children or entry is not None:
-                return self.build(inner, path)
-            if default is dataclasses.MISSING:
+            if has_children or entry is not None or default is dataclasses.MISSING:
                 return self.build(inner, path)
             return dataclasses.MISSING
         if entry is None:
