@@ -333,9 +333,9 @@ def _clock(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
-def summary_table(summary: RunSummary, *, keys: Sequence[str] | None = None) -> Table:
-    """The end-of-run summary: per metric its first, last, minimum, maximum and mean value, and
-    the staleness distribution of the trained data as a caption.
+def summary_table(summary: RunSummary, *, keys: Sequence[str] | None = None) -> RenderableType:
+    """The end-of-run summary: a table of each metric's first, last, minimum, maximum and mean
+    value, then a line with the staleness distribution of the trained data.
 
     ``keys``: the metrics to show, in order (default: every metric, the view's figures first).
     """
@@ -356,10 +356,9 @@ def summary_table(summary: RunSummary, *, keys: Sequence[str] | None = None) -> 
             continue
         table.add_row(key, *(_num(x) for x in (m.first, m.last, m.min, m.max, m.mean)))
     total = sum(summary.staleness.values())
-    if total:
-        shares = ", ".join(
-            f"{k}: {n} ({100 * n / total:.0f}%)" for k, n in sorted(summary.staleness.items())
-        )
-        table.caption = f"staleness of trained data — {shares}"
-        table.caption_justify = "left"
-    return table
+    if not total:
+        return table
+    shares = ", ".join(
+        f"{k}: {n} ({100 * n / total:.0f}%)" for k, n in sorted(summary.staleness.items())
+    )
+    return Group(table, Text(f"staleness of trained data ({total} items): {shares}"))
