@@ -270,3 +270,14 @@ def test_prometheus_port_is_validated(tmp_path: Path) -> None:
     pytest.importorskip("prometheus_client")
     with pytest.raises(ConfigError, match="prometheus_port=70000"):
         RunLogger(tmp_path, tensorboard=False, prometheus_port=70000)
+
+
+def test_unchanged_buffer_samples_are_not_written(tmp_path: Path) -> None:
+    rows = [BufferRow(0, 1, 1, 0, "STUCK")]
+    with RunLogger(tmp_path, tensorboard=False) as logger:
+        assert logger.log_buffers(0.1, 0, rows) is not None
+        assert logger.log_buffers(0.2, 0, list(rows)) is None
+        assert logger.log_buffers(0.3, 1, rows) is not None  # the version moved
+        assert logger.log_buffers(0.4, 1, [BufferRow(0, 2, 0, 0, "READY")]) is not None
+        assert logger.unchanged_buffer_samples == 1
+    assert [r["wall_time"] for r in lines(tmp_path / "buffers.jsonl")] == [0.1, 0.3, 0.4]

@@ -87,6 +87,8 @@ class RunLogger:
         self._last_version: int | None = None
         self._time_offset = 0.0
         self._staleness = StalenessHistogram()
+        self._last_buffers: tuple[int | None, tuple[BufferRow, ...]] | None = None
+        self._unchanged_buffer_samples = 0
         if resume:
             self._load_previous(resume_step)
         else:
@@ -135,6 +137,11 @@ class RunLogger:
     def staleness(self) -> StalenessHistogram:
         """Trained items by staleness over the whole run (a copy)."""
         return StalenessHistogram(self._staleness.counts)
+
+    @property
+    def unchanged_buffer_samples(self) -> int:
+        """Buffer samples not written because they equalled the previous one."""
+        return self._unchanged_buffer_samples
 
     @property
     def prometheus_url(self) -> str | None:
@@ -223,11 +230,13 @@ class RunLogger:
 
     def log_buffers(
         self, time: float | None, version: int, rows: Sequence[BufferRow]
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         """Record a sample of the buffers: one :class:`BufferRow` per buffer in the window.
 
         ``time``: seconds since the run started (``None``: measured now). ``version``: the training
-        version v (row ``v`` is the head buffer, consumed next).
+        version v (row ``v`` is the head buffer, consumed next). Returns the record written, or
+        ``None`` when nothing changed since the previous sample (so callers may sample on every
+        buffer event without filling the disk); :attr:`unchanged_buffer_samples` counts those.
         """
         for row in rows:
             if not isinstance(row, BufferRow):
@@ -236,8 +245,13 @@ class RunLogger:
                     "stalebound.obs.buffer_rows(buffer)"
                 )
         checked = _check_version("log_buffers", version)
+        key = (checked, tuple(rows))
         with self._lock:
             self._check_open("log_buffers")
+            if key == self._last_buffers:
+                self._unchanged_buffer_samples += 1
+                return None
+            self._last_buffers = key
             t = self.elapsed if time is None else float(time)
             record = {
                 "wall_time": round(t, 6),
@@ -374,8 +388,8 @@ def _rewrite_if_changed(path: Path, records: list[dict[str, Any]]) -> None:
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     if old == text:
         return
-    dropped = old.count("\n") - len(records) + (0 if old.endswith("\n") or not old else 1)
-    log.info("%s: rewritten for resume, %d record(s) dropped", path, dropped)
+    old_lines = sum(1 for line in old.split("\n") if line.strip())
+    log.info("%s: rewritten for resume, %d line(s) dropped", path, old_lines - len(records))
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as fh:
         fh.write(text)

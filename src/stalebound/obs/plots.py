@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ _STATE_COLOURS = {
     "READY_WITH_CAPACITY": "#66a5ad",
     "READY": "#2e8b57",
 }
+_MAX_STEP_MARKS = 150
 _ENTRY_COLOURS = {"occupied": "#2e8b57", "reserved": "#f2c14e", "empty": "#d9d9d9"}
 
 
@@ -122,8 +124,12 @@ def plot_buffer_timeline(data: RunData, out_dir: Path) -> list[Path]:
         colors=[_ENTRY_COLOURS[k] for k in ("occupied", "reserved", "empty")],
         step="post",
     )
+    consumed = [s.wall_time for prev, s in pairwise(samples) if s.version != prev.version]
+    if len(consumed) <= _MAX_STEP_MARKS:  # beyond that the marks would paint the plot solid
+        for t in consumed:
+            ax.axvline(t, color="black", lw=0.6, alpha=0.35)
     ax.set_ylabel("head buffer entries")
-    ax.set_title("head buffer (the one trained next) over time")
+    ax.set_title("head buffer (the one trained next) over time; lines: a step consumed it")
     ax.legend(loc="upper right", fontsize="small")
     ax.margins(x=0)
     _state_band(band, times, [h.state for h in heads])
@@ -135,8 +141,13 @@ def _state_band(ax: Any, times: Sequence[float], states: Sequence[str]) -> None:
     from matplotlib.patches import Patch
 
     ends = [*times[1:], times[-1] + _last_gap(times)]
-    for start, end, state in zip(times, ends, states, strict=True):
-        ax.axvspan(start, end, color=_STATE_COLOURS.get(state, "#999999"), lw=0)
+    # One span per run of equal states: long runs have many samples but few state changes.
+    span_start = 0
+    for i in range(1, len(states) + 1):
+        if i == len(states) or states[i] != states[span_start]:
+            colour = _STATE_COLOURS.get(states[span_start], "#999999")
+            ax.axvspan(times[span_start], ends[i - 1], color=colour, lw=0)
+            span_start = i
     ax.set_yticks([])
     ax.set_ylabel("state", rotation=0, ha="right", va="center")
     seen = [s for s in _STATE_COLOURS if s in set(states)]
