@@ -399,12 +399,17 @@ def _rewrite_if_changed(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def _is_integral(value: object) -> bool:
-    # numbers.Integral / numbers.Real admit numpy scalars, which callers often hold.
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    # numbers.Integral / numbers.Real admit numpy scalars, which callers often hold; the
+    # exact-type tests first skip the slower abstract-class checks for plain numbers.
+    return type(value) is int or (
+        isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    )
 
 
 def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return type(value) in (float, int) or (
+        isinstance(value, numbers.Real) and not isinstance(value, bool)
+    )
 
 
 def _now() -> float:

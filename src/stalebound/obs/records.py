@@ -156,7 +156,8 @@ class StalenessHistogram:
 
     def add(self, values: Iterable[int] | Mapping[int, int]) -> None:
         """Add items: an iterable of staleness values, or a mapping staleness → count."""
-        pairs = values.items() if isinstance(values, Mapping) else ((v, 1) for v in values)
+        # Count first, then check each distinct value once: a step may train thousands of items.
+        pairs = values.items() if isinstance(values, Mapping) else Counter(values).items()
         update: Counter[int] = Counter()
         for staleness, count in pairs:
             if not _is_int(staleness) or staleness < 0:
@@ -334,5 +335,8 @@ def summarize(data: RunData | str | Path) -> RunSummary:
 
 
 def _is_int(value: object) -> bool:
-    # numbers.Integral admits numpy's integer scalars, which callers often hold.
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    # numbers.Integral admits numpy's integer scalars, which callers often hold; the exact-type
+    # test first skips the slower abstract-class check for plain ints.
+    return type(value) is int or (
+        isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    )
