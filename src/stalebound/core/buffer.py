@@ -375,17 +375,26 @@ class StalenessBuffer:
                     "version, nor by one from the future"
                 )
         r = g.buffer
-        del self._buffers[r].reserved[group_id]
-        b = self._find_place(r)
-        if b is None:  # r itself has the entry we just released
-            raise InvariantError(f"occupy({group_id!r}): no place in [{v}, {r}]")
+        buffers = self._buffers
+        del buffers[r].reserved[group_id]
+        head = buffers.get(v)
+        if head is not None and (
+            len(head.occupied) < self.batch_size
+            and len(head.occupied) + len(head.reserved) < self.buffer_size
+        ):
+            b = v  # the common case: the head buffer still needs groups
+        else:
+            found = self._find_place(r)
+            if found is None:  # r itself has the entry we just released
+                raise InvariantError(f"occupy({group_id!r}): no place in [{v}, {r}]")
+            b = found
         seq = self._next_seq
         self._next_seq = seq + 1
         g.seq = seq
         g.payload = payload
         g.occupied = True
         g.buffer = b
-        self._buffers[b].occupied.append(g)  # the newest seq: the list stays in occupy order
+        buffers[b].occupied.append(g)  # the newest seq: the list stays in occupy order
         self._occupied_total += 1
         return b
 
