@@ -417,6 +417,7 @@ class WorkflowExecutor:
         self._kick_pending = False
         self._paused = False
         self._stopped: RolloutError | None = None
+        self._source_error: Exception | None = None
         self._ids = itertools.count()
         self._recent: deque[str] = deque(maxlen=_RECENT_FAILURES)
         self._member_failures: Counter[str] = Counter()
@@ -624,7 +625,11 @@ class WorkflowExecutor:
         return self._paused
 
     def statistics(self) -> ExecutorStatistics:
-        """A frozen snapshot of every counter, the policy's statistics and the manager's."""
+        """A frozen snapshot of every counter, the policy's statistics and the manager's.
+
+        Also works after :meth:`destroy` (the final counts)."""
+        if self._closed and self._thread is not None and not self._thread.is_alive():
+            return self._statistics()  # the loop is gone: nothing else touches the state
         return self._call(self._statistics)
 
     # ------------------------------------------------------------------ thread plumbing
@@ -768,7 +773,13 @@ class WorkflowExecutor:
             if not inbox:
                 if self._source is None:
                     return
-                inbox.append(self._source.next_item())
+                try:
+                    inbox.append(self._source.next_item())
+                except Exception as e:  # the data loader failed: the trainer hears of it
+                    self._source = None
+                    self._source_error = e
+                    self._notify()
+                    return
             if budget is not None:
                 budget -= 1
             gid = next(self._ids)
@@ -1047,6 +1058,7 @@ class WorkflowExecutor:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while not self._fill(count):
+            self._raise_source_error()
             if self._stopped is not None:
                 raise self._stopped
             if self._closed:
@@ -1069,6 +1081,11 @@ class WorkflowExecutor:
                 )
         return self._pop(count)
 
+    def _raise_source_error(self) -> None:
+        error, self._source_error = self._source_error, None
+        if error is not None:
+            raise error
+
     def _collect(self) -> list[Trajectory]:
         s = self._settings
         assert s is not None
@@ -1080,13 +1097,10 @@ class WorkflowExecutor:
 
     def _set_source(self, new: _Source) -> None:
         src = self._source
-        if (
-            src is None
-            or src.dataloader is not new.dataloader
-            or src.workflow is not new.workflow
-            or src.accept is not new.accept
-        ):
+        if src is None or src.dataloader is not new.dataloader:
             self._source = new
+        else:  # the same loader: continue where it is, with this call's workflow
+            src.workflow, src.accept = new.workflow, new.accept
         self._kick()
 
     def _set_paused(self, paused: bool) -> None:
