@@ -738,3 +738,39 @@ def test_seed_custom_staleness_manager_with_smooth_version_provider() -> None:
             executor.destroy()
         inference_engine.version = 0
         custom_manager = StalenessManager(SmoothVersionProvider(inference_engine), 64, 32, 10)
+
+
+def test_a_wait_blocked_during_destroy_is_released_with_an_error() -> None:
+    engine = ScriptedEngine()
+    ex = make(engine)
+    outcome: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            ex.wait(1)
+        except BaseException as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    ex.submit("never answered", Generate())
+    engine.wait_calls(1)
+    ex.destroy()
+    t.join(timeout=20)
+    assert not t.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], ProtocolError)
+    assert "destroyed" in str(outcome[0])
+
+
+def test_wait_timeout_says_what_is_missing() -> None:
+    engine = ScriptedEngine(auto=True)
+    with make(engine, max_head_offpolicyness=0, consumer_batch_size=1) as ex:
+        ex.submit("a", Generate())
+        ex.submit("b", Generate())
+        assert len(ex.wait(1, timeout=20)) == 1
+        # version 1 is training; the engine was never told about new weights
+        with pytest.raises(TimeoutError, match=r"call set_version\(1\)"):
+            ex.wait(1, timeout=0.05)
+        assert ex.statistics().queued == 1  # nothing was lost by the timeout
+        ex.set_version(1)
+        assert [t.data["data"] for t in ex.wait(1, timeout=20)] == ["b"]

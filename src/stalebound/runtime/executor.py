@@ -732,9 +732,12 @@ class WorkflowExecutor:
         try:
             loop.run_forever()
         finally:
-            dispatcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                loop.run_until_complete(dispatcher)
+            # Cancel what is left (the dispatcher, waits of other threads) and run the loop until
+            # their callbacks have run, so that no caller is left blocked on a dead loop.
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, dispatcher, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
@@ -1119,10 +1122,16 @@ class WorkflowExecutor:
 
     def _describe(self) -> str:
         p = self._require_policy().statistics()
+        generation = self._admission_version()
+        hint = ""
+        if generation < p.version:
+            hint = (
+                f"; new groups are generated at version {generation}, behind the training version "
+                f"{p.version}: after publishing weights, call set_version({p.version})"
+            )
         return (
             f"policy {p.policy} at version {p.version}: {p.running} running, {p.waiting} waiting, "
-            f"{len(self._inbox)} queued, paused={self._paused}, generation version "
-            f"{self._admission_version()}"
+            f"{len(self._inbox)} queued, paused={self._paused}{hint}"
         )
 
     def _statistics(self) -> ExecutorStatistics:
