@@ -42,7 +42,6 @@ import contextlib
 import inspect
 import itertools
 import logging
-import math
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -256,7 +255,7 @@ def _resolve(config: RolloutConfig, dp: int) -> _Settings:
 
 def _token_versions(result: Any) -> tuple[int, ...] | None:
     """Per-token versions from a trajectory: key or attribute ``token_versions`` or ``versions``."""
-    if isinstance(result, Mapping):
+    if isinstance(result, (dict, Mapping)):  # dict first: the ABC check is slow
         tv = result.get("token_versions")
         if tv is None:
             tv = result.get("versions")
@@ -274,16 +273,17 @@ def _token_versions(result: Any) -> tuple[int, ...] | None:
 
 
 class _Group:
-    __slots__ = ("gid", "item", "members")
+    __slots__ = ("deadlines", "gid", "item", "members")
 
     def __init__(self, gid: int, item: _Item) -> None:
         self.gid = gid
         self.item = item
         self.members: dict[int, _Member] = {}
+        self.deadlines: list[int] = []  # the timeout buckets it is in
 
 
 class _Member:
-    __slots__ = ("bucket", "cause", "episode", "group", "mid", "started", "task", "version")
+    __slots__ = ("cause", "deadline", "episode", "group", "mid", "started", "task", "version")
 
     def __init__(self, group: _Group, mid: MemberId, version: int) -> None:
         self.group = group
@@ -292,15 +292,17 @@ class _Member:
         self.episode: Any = None  # what arun_episode returned (a coroutine)
         self.started = False
         self.task: asyncio.Task[Any] | None = None
-        self.bucket: set[_Member] | None = None  # its timeout bucket, while it runs
+        self.deadline = 0  # its timeout bucket
         self.cause: str | None = None  # set when we cancel it on purpose
 
 
 class _Deadlines:
     """Episode timeouts, bucketed: one loop timer per ``timeout / 64`` seconds, not per episode.
 
-    A member expires at most one bucket (≈1.6 % of the timeout) after its own deadline. Members
-    leave their bucket when they finish, so memory stays proportional to the running members.
+    A member expires at most one bucket (≈1.6 % of the timeout) after its own deadline. Buckets
+    hold groups, not members: members launched together share a bucket, so the per-episode cost
+    is one integer. A group leaves its buckets when it settles, so memory stays proportional to
+    the running groups.
     """
 
     def __init__(
@@ -313,23 +315,35 @@ class _Deadlines:
         self.expire = expire
         self.timeout = timeout
         self.resolution = max(timeout / 64, 0.001)
-        self.buckets: dict[int, set[_Member]] = {}
+        self.buckets: dict[int, set[_Group]] = {}
 
-    def add(self, m: _Member) -> None:
-        key = math.ceil((self.loop.time() + self.timeout) / self.resolution)
+    def key(self) -> int:
+        """The bucket of an episode starting now: it fires at or after the episode's deadline."""
+        return int((self.loop.time() + self.timeout) / self.resolution) + 1
+
+    def watch(self, group: _Group, key: int) -> None:
+        if key in group.deadlines:
+            return
         bucket = self.buckets.get(key)
         if bucket is None:
             bucket = self.buckets[key] = set()
             self.loop.call_at(key * self.resolution, self._fire, key)
-        bucket.add(m)
-        m.bucket = bucket
+        bucket.add(group)
+        group.deadlines.append(key)
+
+    def forget(self, group: _Group) -> None:
+        for key in group.deadlines:
+            bucket = self.buckets.get(key)
+            if bucket is not None:
+                bucket.discard(group)
 
     def _fire(self, key: int) -> None:
-        bucket = self.buckets.pop(key, set())
-        # a list: expiring one member may settle (and detach) others of the same bucket
-        for m in list(bucket):
-            if m.cause is None:
-                self.expire(m)
+        for group in list(self.buckets.pop(key, ())):
+            group.deadlines.remove(key)
+            # lists: expiring one member may settle the group and cancel the others
+            for m in list(group.members.values()):
+                if m.deadline <= key and m.cause is None:
+                    self.expire(m)
 
 
 _Item = tuple[Any, WorkflowProtocol, ShouldAccept | None]
@@ -424,6 +438,8 @@ class WorkflowExecutor:
         self._cancelled: Counter[str] = Counter()
         self._n = Counter[str]()  # plain event counters, named as in ExecutorStatistics
         self._running_members = 0
+        self._launched = 0  # hot counters: plain ints
+        self._finished = 0
         self._consecutive = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -803,16 +819,29 @@ class WorkflowExecutor:
             assert self.staleness_manager is not None
             self.staleness_manager.on_rollout_enqueued()
             self.staleness_manager.on_rollout_submitted()
+        deadlines = self._deadlines
+        key = 0
+        if deadlines is not None:
+            key = deadlines.key()
+            deadlines.watch(group, key)
         for mid in tracker.start(gid, version):
-            self._launch(group, mid, version)
+            self._launch(group, mid, version, key)
 
-    def _launch(self, group: _Group, mid: MemberId, version: int) -> None:
+    def _unlist(self, gid: int) -> _Group | None:
+        """Take a settled group out of the table (and its timeout buckets)."""
+        group = self._groups.pop(gid, None)
+        if group is not None and self._deadlines is not None:
+            self._deadlines.forget(group)
+        return group
+
+    def _launch(self, group: _Group, mid: MemberId, version: int, deadline: int) -> None:
         loop = self._loop
         assert loop is not None
         m = _Member(group, mid, version)
+        m.deadline = deadline
         group.members[mid.number] = m
         self._running_members += 1
-        self._n["launched_members"] += 1
+        self._launched += 1
         data, workflow, _ = group.item
         try:
             m.episode = workflow.arun_episode(self.inference_engine, data)
@@ -820,8 +849,6 @@ class WorkflowExecutor:
             loop.call_soon(self._early_failure, m, e)
             return
         m.task = loop.create_task(self._run_member(m))
-        if self._deadlines is not None:
-            self._deadlines.add(m)
 
     async def _run_member(self, m: _Member) -> None:
         """One episode. Outcomes are handled here, in the task, not in a done callback: one
@@ -846,9 +873,6 @@ class WorkflowExecutor:
             self._member_outcome(m, None, exc)
 
     def _detach(self, m: _Member) -> None:
-        if m.bucket is not None:
-            m.bucket.discard(m)
-            m.bucket = None
         del m.group.members[m.mid.number]
         self._running_members -= 1
 
@@ -870,7 +894,7 @@ class WorkflowExecutor:
             elif result is None:
                 self._member_failed(m, "rejected", None)
             else:
-                self._n["finished_members"] += 1
+                self._finished += 1
                 tracker = self._tracker
                 assert tracker is not None
                 done = tracker.finish(m.mid, result)
@@ -894,7 +918,11 @@ class WorkflowExecutor:
             return
         if isinstance(outcome, Relaunch):
             self._n["relaunched_members"] += 1
-            self._launch(group, outcome.member, outcome.version)
+            key = 0
+            if self._deadlines is not None:
+                key = self._deadlines.key()
+                self._deadlines.watch(group, key)
+            self._launch(group, outcome.member, outcome.version, key)
             return
         detail = f"{cause}: {exc!r}" if exc is not None else cause
         self._group_failed(group, "failed", f"group {group.gid}: {', '.join(outcome.causes)}")
@@ -903,7 +931,7 @@ class WorkflowExecutor:
     def _group_complete(self, group: _Group, done: GroupComplete) -> None:
         policy = self._policy
         assert policy is not None
-        del self._groups[group.gid]
+        self._unlist(group.gid)
         self._cancel_members(group, "surplus")
         accept = group.item[2]
         if accept is not None:
@@ -936,7 +964,7 @@ class WorkflowExecutor:
         self._kick()
 
     def _group_failed(self, group: _Group, cause: str, why: str) -> None:
-        del self._groups[group.gid]
+        self._unlist(group.gid)
         self._cancel_members(group, "abandoned")
         self._settle_failed(group, cause, why)
 
@@ -989,7 +1017,7 @@ class WorkflowExecutor:
         tracker = self._tracker
         assert tracker is not None
         for gid, group in list(self._groups.items()):
-            del self._groups[gid]
+            self._unlist(gid)
             tracker.cancel(gid)
             self._cancel_members(group, cause)
             with contextlib.suppress(ProtocolError):  # already out of the policy
@@ -1022,7 +1050,7 @@ class WorkflowExecutor:
                 batch = policy.consume()
             v = batch.version
             for gid in batch.aborted:  # surplus reservations of the consumed buffer
-                group = self._groups.pop(cast(int, gid), None)
+                group = self._unlist(cast(int, gid))
                 if group is not None:
                     assert self._tracker is not None
                     self._tracker.cancel(gid)
@@ -1152,8 +1180,8 @@ class WorkflowExecutor:
             dispatched_groups=n["dispatched_groups"],
             running_groups=len(self._groups),
             running_members=self._running_members,
-            launched_members=n["launched_members"],
-            finished_members=n["finished_members"],
+            launched_members=self._launched,
+            finished_members=self._finished,
             member_failures=MappingProxyType(dict(self._member_failures)),
             cancelled_members=MappingProxyType(dict(self._cancelled)),
             relaunched_members=n["relaunched_members"],
