@@ -731,9 +731,10 @@ def test_seed_custom_staleness_manager_with_smooth_version_provider() -> None:
                 batch = executor.prepare_batch([list(range(100))], Generate())
                 assert len(batch) == batch_size
                 executor.set_version(executor.version)
-            stats = executor.statistics()
-            assert stats.manager == custom_manager.get_stats()
+            stats = executor.statistics()  # one snapshot, taken on the loop: consistent
+            assert stats.manager is not None
             assert stats.manager.running == stats.policy.running
+            assert stats.manager.accepted >= stats.consumed_groups == 3 * batch_size
         finally:
             executor.destroy()
         inference_engine.version = 0

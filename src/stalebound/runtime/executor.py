@@ -387,8 +387,11 @@ class WorkflowExecutor:
     """Runs rollout workflows concurrently, admitted and batched by a staleness policy.
 
     ``inference_engine`` is passed to every ``arun_episode`` call; its ``get_version()`` (when it
-    has one) is the version new groups are generated with, and ``set_version(v)`` (when it has
-    one) is forwarded from :meth:`set_version`. ``staleness_manager`` replaces the one built from
+    has one) is the version new groups are generated with — it is called on the loop thread at
+    every dispatch, so it must be cheap and must not block — and ``set_version(v)`` (when it has
+    one) is forwarded from :meth:`set_version`. New groups start at ``min(engine version,
+    training version)``: the trainer must call :meth:`set_version` after publishing weights, or
+    admission stops once the engine lags the training version by more than η. ``staleness_manager`` replaces the one built from
     ``config`` (AReaL's custom-manager hook): with the capacity policy its counters and limits are
     the policy's; with the buffer policy it is an extra admission gate, driven through its
     lifecycle callbacks.
@@ -456,6 +459,11 @@ class WorkflowExecutor:
                 "WorkflowExecutor to start again"
             )
         s = _resolve(self.config, train_data_parallel_size)
+        if self.config.proactive_filter.method != "null" or self.config.group_post_process.enable:
+            logger.warning(
+                "rollout.proactive_filter and rollout.group_post_process are not applied by "
+                "WorkflowExecutor; use should_accept_fn to filter groups"
+            )
         start = self._engine_version() if self._engine_version is not None else 0
         self._published = start
         self._tracker = GroupTracker(s.group_size, s.group_redundancy)
@@ -924,9 +932,11 @@ class WorkflowExecutor:
                 self._deadlines.watch(group, key)
             self._launch(group, outcome.member, outcome.version, key)
             return
-        detail = f"{cause}: {exc!r}" if exc is not None else cause
-        self._group_failed(group, "failed", f"group {group.gid}: {', '.join(outcome.causes)}")
-        logger.warning("group %s failed (%s)", group.gid, detail)
+        why = f"group {group.gid}: {', '.join(outcome.causes)}"
+        if exc is not None:
+            why += f" (last: {exc!r})"
+        logger.warning("%s", why)
+        self._group_failed(group, "failed", why)
 
     def _group_complete(self, group: _Group, done: GroupComplete) -> None:
         policy = self._policy
