@@ -47,7 +47,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 from stalebound.config import RolloutConfig
 from stalebound.core import (
@@ -97,11 +97,12 @@ class RolloutError(StaleboundError, RuntimeError):
     """The executor stopped: too many groups failed in a row, or it could not go on."""
 
 
-@dataclass(frozen=True, slots=True)
-class Trajectory:
-    """One trained trajectory and where it stands in versions.
+class Trajectory(NamedTuple):
+    """One trained trajectory and where it stands in versions (an immutable record).
 
     ``staleness = consumed_version − version``; under the buffer policy it is never more than η.
+    A named tuple rather than a frozen dataclass: one is built per trained trajectory, and this
+    is several times cheaper to build.
     """
 
     data: Any
