@@ -775,3 +775,41 @@ def test_wait_timeout_says_what_is_missing() -> None:
         assert ex.statistics().queued == 1  # nothing was lost by the timeout
         ex.set_version(1)
         assert [t.data["data"] for t in ex.wait(1, timeout=20)] == ["b"]
+
+
+def test_versions_from_the_future_fail_the_group_and_are_counted() -> None:
+    class FromTheFuture:
+        async def arun_episode(self, engine: Any, data: Any) -> Any:
+            return {"data": data, "versions": [-1, 0, 99]}  # -1: a prompt token (AReaL's mark)
+
+    with make(ScriptedEngine(), max_consecutive_failures=1) as ex:
+        ex.submit("x", FromTheFuture())
+        with pytest.raises(RolloutError, match="segment version 99"):
+            ex.wait(1, timeout=20)
+        s = ex.statistics()
+        assert s.policy.aborted == {"bad_versions": 1} and s.policy.running == 0
+
+
+def test_submissions_from_many_threads_are_all_trained() -> None:
+    engine = ScriptedEngine(auto=True)
+    with make(engine, consumer_batch_size=10, max_head_offpolicyness=3, queue_size=1000) as ex:
+        barrier = threading.Barrier(4)
+
+        def submitter(k: int) -> None:
+            barrier.wait()
+            for i in range(50):
+                ex.submit((k, i), Generate())
+
+        pool = [threading.Thread(target=submitter, args=(k,)) for k in range(4)]
+        for t in pool:
+            t.start()
+        trained: list[Trajectory] = []
+        while len(trained) < 200:
+            trained += ex.wait(10, timeout=20)
+            ex.set_version(ex.version)
+        for t in pool:
+            t.join()
+        assert sorted(t.data["data"] for t in trained) == sorted(
+            (k, i) for k in range(4) for i in range(50)
+        )
+        assert all(t.staleness <= 3 for t in trained)
