@@ -35,7 +35,8 @@ GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_default_model(tmp_path_factory.mktemp("engine-model"), seed=0)
+    # The same directory as test_engine_models.py: the second build is a cache hit.
+    return build_default_model(tmp_path_factory.getbasetemp() / "default-model", seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -93,12 +94,12 @@ async def wait_for_tokens(engine: LocalEngine, request_id: str, count: int) -> i
 
 def perturbed(model: Any, seed: int) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(seed)
-    return {
-        k: v + 0.2 * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()
-    }
+    return {k: v + 0.2 * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()}
 
 
-def test_engine_implements_the_migratable_protocol(engines: tuple[LocalEngine, LocalEngine]) -> None:
+def test_engine_implements_the_migratable_protocol(
+    engines: tuple[LocalEngine, LocalEngine],
+) -> None:
     assert isinstance(engines[0], MigratableEngine)
 
 
@@ -236,7 +237,9 @@ def _update_mid_request(
 
     async def scenario() -> tuple[Any, int, int]:
         old = engine.get_version()
-        task = asyncio.create_task(engine.agenerate(GenerateRequest(f"up-{mode}", prompt, sampling)))
+        task = asyncio.create_task(
+            engine.agenerate(GenerateRequest(f"up-{mode}", prompt, sampling))
+        )
         await asyncio.sleep(0)
         await wait_for_tokens(engine, f"up-{mode}", 4)
         await engine.pause()  # no token is generated while paused: the split point is exact
@@ -347,7 +350,7 @@ def test_bad_requests_fail_clearly(
             await task
 
     run(duplicate())
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match=r"no config\.json"):
         LocalEngine(os.devnull)
 
 
@@ -379,7 +382,9 @@ def test_router_prefers_the_least_loaded_replica_and_migrates(
     assert router.statistics().migrations == 1
 
 
-def test_closed_engine_fails_pending_and_new_calls(model_dir: Path, prompt: tuple[int, ...]) -> None:
+def test_closed_engine_fails_pending_and_new_calls(
+    model_dir: Path, prompt: tuple[int, ...]
+) -> None:
     engine = LocalEngine(model_dir, name="short-lived")
 
     async def scenario() -> None:

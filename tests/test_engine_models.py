@@ -23,7 +23,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_default_model(tmp_path_factory.mktemp("default-model"), seed=0)
+    return build_default_model(tmp_path_factory.getbasetemp() / "default-model", seed=0)
 
 
 def test_default_model_is_a_tiny_llama_saved_locally(model_dir: Path) -> None:
@@ -76,7 +76,10 @@ def test_uniform_is_a_pure_function_of_seed_and_index() -> None:
 def test_sampler_greedy_rows_and_raw_logprobs() -> None:
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
     tokens, logprobs = sample(
-        logits, torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]), torch.zeros(2, dtype=torch.float64)
+        logits,
+        torch.tensor([0.0, 0.0]),
+        torch.tensor([1.0, 1.0]),
+        torch.zeros(2, dtype=torch.float64),
     )
     assert tokens.tolist() == [1, 0]
     expected = torch.log_softmax(logits, -1)[[0, 1], [1, 0]]

@@ -23,8 +23,8 @@ worker → client::
 
 from __future__ import annotations
 
+import contextlib
 import heapq
-import io
 import itertools
 import logging
 import os
@@ -200,8 +200,8 @@ class Worker:
 
     def update_weights(self, payload: Any, version: int, mode: str) -> None:
         """Install new weights between two decode steps; state is unchanged if this raises."""
-        if isinstance(payload, bytes):
-            state = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+        if isinstance(payload, tuple):
+            state = _unpack_state_dict(*payload)
         else:
             state = load_model(payload).state_dict()
         current = self.model.state_dict()
@@ -219,7 +219,10 @@ class Worker:
                 "send the full state_dict() of the same architecture"
             )
         with torch.no_grad():
-            self.model.load_state_dict(state, strict=True)
+            # state_dict() tensors share storage with the parameters: copying into them swaps
+            # the weights in place, without load_state_dict's per-module bookkeeping.
+            for name, tensor in current.items():
+                tensor.copy_(state[name])
         self.version = version
         if mode == "resubmit" and self.running:
             # Interruptible generation: drop the KV cache computed by the old weights and requeue
@@ -259,9 +262,7 @@ class Worker:
             done = self._sample_into(group, out.logits[:, -1, :])
             keep = [i for i, seq in enumerate(group) if not done[i]]
             if keep:
-                self._merge(
-                    [group[i] for i in keep], _select(kv, keep, len(group)), length
-                )
+                self._merge([group[i] for i in keep], _select(kv, keep, len(group)), length)
 
     def _decode(self) -> None:
         batch = len(self.running)
@@ -358,6 +359,19 @@ class Worker:
         return finished
 
 
+def _unpack_state_dict(
+    blob: bytes, index: tuple[tuple[str, str, tuple[int, ...], int, int], ...]
+) -> dict[str, torch.Tensor]:
+    buffer = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else None
+    state = {}
+    for name, dtype, shape, offset, nbytes in index:
+        if buffer is None:
+            raise ValueError(f"weights blob is empty but the index names {name!r}")
+        raw = buffer[offset : offset + nbytes]
+        state[name] = raw.view(getattr(torch, dtype)).view(shape)
+    return state
+
+
 def _select(
     kv: list[tuple[torch.Tensor, torch.Tensor]], rows: list[int], batch: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -397,7 +411,7 @@ def worker_main(
     try:
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         model = load_model(model_path)
         worker = Worker(
             model, version=version, max_batch_size=max_batch_size, interrupt_mode=interrupt_mode
@@ -421,10 +435,8 @@ def worker_main(
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the client went away: nothing left to report to
     except Exception:
-        try:
+        with contextlib.suppress(OSError):
             conn.send(("fatal", traceback.format_exc()))
-        except OSError:
-            pass
 
 
 def _serve(conn: Connection, worker: Worker) -> None:

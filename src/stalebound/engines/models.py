@@ -76,7 +76,7 @@ def build_default_tokenizer() -> PreTrainedTokenizerFast:
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
     )
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         bos_token="<bos>",
         eos_token="<eos>",
@@ -151,7 +151,7 @@ def load_model(
         dtype=dtype or torch.float32,
         local_files_only=True,
     )
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     return model
 
 
@@ -159,7 +159,11 @@ def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerFast:
     """Load the tokenizer saved in the local checkpoint directory ``path`` (never downloads)."""
     from transformers import AutoTokenizer
 
-    tokenizer: PreTrainedTokenizerFast = AutoTokenizer.from_pretrained(
-        _checkpoint_dir(path), local_files_only=True
-    )
-    return tokenizer
+    tokenizer: Any = AutoTokenizer.from_pretrained(_checkpoint_dir(path), local_files_only=True)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(
+            f"model path={str(path)!r}: its tokenizer is not a fast (tokenizers) tokenizer; "
+            "save a PreTrainedTokenizerFast with the checkpoint"
+        )
+    fast: PreTrainedTokenizerFast = tokenizer
+    return fast

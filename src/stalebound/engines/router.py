@@ -75,7 +75,8 @@ class Router:
         problems = []
         if not engines:
             problems.append("engines=[]: a router needs at least one engine replica")
-        for i, engine in enumerate(engines):
+        candidates: Sequence[object] = engines  # checked at run time: callers may pass anything
+        for i, engine in enumerate(candidates):
             if not isinstance(engine, InferenceEngine):
                 problems.append(
                     f"engines[{i}]={type(engine).__name__}: does not implement the "
@@ -312,4 +313,3 @@ def _partial(continuation: Continuation) -> GenerateResponse:
         finish_reason="abort",
         resubmits=continuation.resubmits,
     )
-
