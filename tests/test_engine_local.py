@@ -203,6 +203,31 @@ def test_abort_returns_the_partial_output(
     assert engine.statistics().aborted >= 1
 
 
+def test_cancelling_agenerate_stops_the_request_in_the_worker(
+    engines: tuple[LocalEngine, LocalEngine], prompt: tuple[int, ...]
+) -> None:
+    engine = engines[0]
+    sampling = SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)
+
+    async def scenario() -> tuple[int, int]:
+        before = engine.statistics().output_tokens
+        task = asyncio.create_task(engine.agenerate(GenerateRequest("cancel", prompt, sampling)))
+        await asyncio.sleep(0)
+        await wait_for_tokens(engine, "cancel", 2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(1000):  # the worker's abort arrives asynchronously
+            if engine.num_in_flight == 0:
+                break
+            await asyncio.sleep(0.005)
+        return engine.num_in_flight, engine.statistics().output_tokens - before
+
+    in_flight, generated = run(scenario())
+    assert in_flight == 0
+    assert 2 <= generated < 400  # stopped early, not run to max_new_tokens
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_migrated_request_continues_exactly(
     engines: tuple[LocalEngine, LocalEngine], prompt: tuple[int, ...], temperature: float

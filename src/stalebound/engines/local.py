@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -461,7 +462,8 @@ class LocalEngine:
             # The caller gave up: stop spending decode steps on it.
             if not self._closed and request.request_id in self._pending:
                 token = next(self._tokens)
-                self._sender.submit(self._send_now, ("abort", token, request.request_id))
+                with contextlib.suppress(RuntimeError):  # the sender shut down meanwhile
+                    self._sender.submit(self._send_now, ("abort", token, request.request_id))
             raise
 
     async def _call(self, kind: str, *args: Any) -> Any:
