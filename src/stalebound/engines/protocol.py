@@ -64,7 +64,7 @@ FinishReason: TypeAlias = Literal["stop", "length", "abort"]
 """``stop``: a stop token was generated (it is the last output token); ``length``: ``max_new_tokens``
 (or the model's context) was reached; ``abort``: aborted or exported, the output is partial."""
 
-WeightSource: TypeAlias = "str | os.PathLike[str] | Mapping[str, Any]"
+WeightSource: TypeAlias = str | os.PathLike[str] | Mapping[str, Any]
 """A local checkpoint directory, or a state dict (parameter name → tensor) of the served model."""
 
 
