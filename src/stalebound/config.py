@@ -20,6 +20,7 @@ from stalebound.typedconfig import Invalid, bounds, null_means
 
 __all__ = [
     "ALIASES",
+    "EngineConfig",
     "FilterGroupsConfig",
     "GroupPostProcessConfig",
     "ProactiveFilterConfig",
@@ -149,6 +150,49 @@ class RolloutConfig:
             )
 
 
+@dataclass
+class EngineConfig:
+    """The inference engines that generate rollouts."""
+
+    kind: Literal["local", "vllm", "sglang"] = "local"
+    """``local``: the embedded engine (a Hugging Face model in worker processes). ``vllm`` /
+    ``sglang``: OpenAI-compatible servers at ``urls``."""
+    model_path: str | None = None
+    """A local Hugging Face checkpoint directory; ``None`` builds the default tiny model in
+    ``cache_dir``. Nothing is downloaded."""
+    cache_dir: str = ".stalebound/models"
+    """Where the default model is built and reused."""
+    replicas: int = field(default=1, metadata=bounds(ge=1, fix="run at least one engine"))
+    """Local engine worker processes behind the router."""
+    urls: list[str] = field(default_factory=list)
+    """Server base URLs for ``vllm`` / ``sglang`` (one replica each)."""
+    max_batch_size: int = field(default=256, metadata=bounds(ge=1, fix="e.g. 256 (the default)"))
+    """Requests decoded together per local worker."""
+    max_in_flight_per_engine: int | None = field(
+        default=None, metadata=bounds(ge=1, fix="give a count, or null for no limit")
+    )
+    """The router's per-replica limit; further requests queue, oldest V_traj first."""
+    interrupt_mode: Literal["continue", "resubmit"] = "continue"
+    """On a weight update: ``continue`` in-flight requests with the new weights (partial rollout;
+    every token keeps its version), or abort and ``resubmit`` prompt + partial output."""
+    num_threads: int = field(default=1, metadata=bounds(ge=1, fix="e.g. 1 per worker"))
+    """torch threads per local worker."""
+    max_new_tokens: int = field(default=16, metadata=bounds(ge=1, fix="e.g. 16"))
+    """Generation limit per model turn."""
+    temperature: float = field(default=1.0, metadata=bounds(ge=0, fix="0 is greedy, 1 samples"))
+    """Sampling temperature of rollouts."""
+    top_p: float = field(default=1.0, metadata=bounds(gt=0, le=1, fix="1 keeps every token"))
+    """Nucleus sampling of rollouts."""
+
+    def _validate(self) -> Iterator[Invalid]:
+        if self.kind != "local" and not self.urls:
+            yield Invalid(
+                "urls",
+                f"kind={self.kind} needs at least one server URL",
+                "set engine.urls=[http://127.0.0.1:8000], or use engine.kind=local",
+            )
+
+
 ALIASES: Mapping[str, str] = MappingProxyType(
     {
         # AReaL's top-level names (also the --max-head-offpolicyness style flags).
@@ -186,6 +230,7 @@ class StaleboundConfig:
     seed: int = 0
     """Seed of every random choice (sampling, data order, simulated durations)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
 
 C = TypeVar("C")
