@@ -2,8 +2,9 @@
 
     PYTHONPATH=src python scripts/make_task_data.py
 
-Each built-in task writes ``<name>.jsonl`` with its default settings, seed 0: 2000 records for
-``arithmetic`` and ``strings``, 1000 for ``calculator``. One JSON object per line with ``id``,
+Each built-in task writes ``<name>.jsonl`` with seed 0 and its default settings, except that
+``arithmetic`` uses operands of 1 to 2 digits: 2000 records for ``arithmetic`` and ``strings``,
+1000 for ``calculator``. One JSON object per line with ``id``,
 ``question``, ``answer`` and the task's extra fields.
 """
 
@@ -21,7 +22,9 @@ OUT = Path(__file__).resolve().parent.parent / "src" / "stalebound" / "tasks" / 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     for name, n in SIZES.items():
-        task = make_task(TaskConfig(name=name))
+        config = TaskConfig(name=name)
+        config.arithmetic.max_digits = 2
+        task = make_task(config)
         lines = []
         for s in task.generate_samples(n, seed=0):
             rec = {"id": s.id, "question": s.question, "answer": s.answer, **s.data}

@@ -69,7 +69,9 @@ def test_arithmetic_partial_credit_by_digits_from_the_right() -> None:
 
 
 def test_arithmetic_samples_are_seeded_correct_and_vary_in_length() -> None:
-    task = make_task(TaskConfig(name="arithmetic"))
+    cfg = TaskConfig(name="arithmetic")
+    cfg.arithmetic.max_digits = 2
+    task = make_task(cfg)
     a = task.generate_samples(300, seed=3)
     assert a == task.generate_samples(300, seed=3)
     assert a != task.generate_samples(300, seed=4)
@@ -122,26 +124,30 @@ def test_every_prompt_and_answer_fits_the_charset() -> None:
             assert set(text) <= allowed, (name, text)
 
 
-def test_builtin_data_files_load_and_match_the_generator(tmp_path: Path) -> None:
-    for name in ("arithmetic", "strings", "calculator"):
-        task = make_task(TaskConfig(name=name, data_path="builtin"))
-        shipped = task.samples()
-        generated = task.generate_samples(len(shipped), seed=0)
-        assert [(s.question, s.answer) for s in shipped] == [
-            (s.question, s.answer) for s in generated
-        ]
+def test_builtin_data_files_load_and_are_correct() -> None:
+    shipped = make_task(TaskConfig(name="arithmetic", data_path="builtin")).samples()
+    assert len(shipped) == 2000
+    for s in shipped:
+        x, y = s.question.split("+")
+        assert int(x) + int(y) == int(s.answer)
+    assert {len(s.answer) for s in shipped} == {1, 2, 3}
+    strings = make_task(TaskConfig(name="strings", data_path="builtin")).samples()
+    assert all(s.answer == s.data["word"][::-1] for s in strings)
+    calc = make_task(TaskConfig(name="calculator", data_path="builtin")).samples()
+    assert all(int(s.answer) == s.data["a"] * s.data["b"] + s.data["c"] for s in calc)
     assert builtin_data_path("arithmetic").stat().st_size < 200_000
 
 
 def test_data_script_regenerates_the_shipped_files(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parent.parent
-    before = builtin_data_path("strings").read_bytes()
+    before = [builtin_data_path(n).read_bytes() for n in ("arithmetic", "strings", "calculator")]
     subprocess.run(
         [sys.executable, str(repo / "scripts" / "make_task_data.py")],
         check=True,
         env={"PYTHONPATH": str(repo / "src")},
     )
-    assert builtin_data_path("strings").read_bytes() == before
+    after = [builtin_data_path(n).read_bytes() for n in ("arithmetic", "strings", "calculator")]
+    assert after == before
 
 
 def test_load_samples_jsonl_and_errors(tmp_path: Path) -> None:

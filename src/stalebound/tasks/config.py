@@ -44,11 +44,13 @@ class LatencyConfig:
 
 @dataclass
 class ArithmeticConfig:
-    """The ``arithmetic`` task: ``a+b=`` → the result, 1–3 digit operands by default."""
+    """The ``arithmetic`` task: ``a+b=`` → the result. The default (one-digit operands, answers of
+    one or two digits) is what a tiny model learns in a couple of minutes on two cores; raise
+    ``max_digits`` for multi-digit arithmetic."""
 
     min_digits: int = 1
     """Fewest digits of an operand."""
-    max_digits: int = 2
+    max_digits: int = 1
     """Most digits of an operand (answers vary in length with it)."""
     operators: str = "+"
     """Operators to draw from, any of ``+ - *`` (``-`` keeps results non-negative)."""

@@ -28,8 +28,8 @@ class TrainConfig:
     w_t = 1): plain PPO against the engine's log-probs.
     """
 
-    lr: float = 2e-3
-    """AdamW learning rate."""
+    lr: float = 1e-3
+    """AdamW learning rate (1e-3 suits the tiny default model; 2e-3 collapsed its entropy)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.99)
@@ -43,15 +43,19 @@ class TrainConfig:
     """PPO clip range below 1 (and above 1 unless ``clip_eps_high`` is set)."""
     clip_eps_high: float | None = None
     """PPO clip range above 1 (DAPO's clip-higher); ``None`` means ``clip_eps``."""
-    prox_mode: Literal["recompute", "loglinear", "none"] = "recompute"
+    prox_mode: Literal["recompute", "loglinear", "none"] = "none"
     """The proximal policy of decoupled PPO. ``recompute``: log-probs of the weights at the start
     of the training step (free when ``minibatches`` is 1: that is the first forward pass).
     ``loglinear``: approximated from behaviour and current log-probs and the versions, without a
     forward pass (see ``stalebound.train.losses.loglinear_proximal_logprobs``). ``none``: no
-    proximal policy; the PPO ratio is taken against the behaviour policy."""
-    tis_cap: float | None = 2.0
+    proximal policy; the PPO ratio is taken against the behaviour policy, so clipping bounds the
+    step away from the policy that sampled the data. With one minibatch the proximal policy is the
+    current one and clipping never acts; ``none`` then learned faster under staleness (see
+    ``bench/train_tiny_addition.py``)."""
+    tis_cap: float | None = None
     """Truncated importance sampling: cap of the behaviour weight π_prox/π_behav (detached).
-    ``None`` leaves it uncapped. Needs a proximal policy (``prox_mode`` not ``none``)."""
+    ``None`` leaves it uncapped (2.0 is usual). Needs a proximal policy (``prox_mode`` not
+    ``none``)."""
     rejection: Literal["none", "token", "sequence"] = "none"
     """Mask trained tokens whose behaviour importance ratio ρ is outside
     [``rejection_low``, ``rejection_high``]: per token, or per sequence by the geometric mean of ρ
@@ -78,9 +82,9 @@ class TrainConfig:
     """``torch.set_num_threads`` for the trainer; ``None`` leaves torch's setting."""
     seed: int = 0
     """Seed of warm start's shuffling and sampling."""
-    warm_start_steps: int = 60
+    warm_start_steps: int = 40
     """Supervised steps on the task's reference answers before RL (0 skips warm start)."""
-    warm_start_batch_size: int = 32
+    warm_start_batch_size: int = 64
     """Samples per warm-start step."""
     warm_start_lr: float = 3e-3
     """AdamW learning rate of warm start."""
