@@ -275,6 +275,7 @@ def test_demonstration_tokens_mask_prompt_and_tool_turns() -> None:
     assert trained == "[2*3]<eos>[6+4]<eos>10<eos>"
 
 
+@pytest.mark.slow
 def test_multi_turn_rollouts_train_with_tool_tokens_masked() -> None:
     model = tiny_llama(vocab_size=TOK.vocab_size)
     cfg = TaskConfig(name="calculator", max_new_tokens=10)
