@@ -186,10 +186,10 @@ def _table(results: list[SimResult]) -> None:
         "policy",
         "η",
         "traj/s",
-        "efficiency",
+        "eff.",
         "trainer",
         "engines",
-        "staleness mean/max",
+        "stale mean/max",
         "violations",
         "wasted",
         "truncated",
@@ -212,4 +212,5 @@ def _table(results: list[SimResult]) -> None:
             _fmt(r.stuck_fraction),
             _fmt(r.blocked_fraction),
         )
-    Console().print(table)
+    # a pipe or file gets the whole table rather than 80 truncated columns
+    Console(width=None if sys.stdout.isatty() else 160).print(table)

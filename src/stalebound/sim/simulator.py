@@ -331,6 +331,8 @@ class Simulation:
         self._next_gid = 0
         self._next_prompt = 0
         self._retry: deque[tuple[int, int]] = deque()
+        self._admit_blocked = False
+        self._touched = True  # the policy changed since the head state was last looked at
         self.counts: Counter[str] = Counter()
         self.tokens: dict[str, float] = {"generated": 0.0, "wasted": 0.0, "trained": 0.0}
         self.histogram: Counter[int] = Counter()
@@ -379,6 +381,7 @@ class Simulation:
                 self._on_train_done(a)
             elif kind == _SYNC:
                 self.engine_version = max(self.engine_version, a)
+                self._admit_blocked = False
             else:
                 self._check_pending = False
             if self.steps_done >= self.steps:
@@ -391,6 +394,7 @@ class Simulation:
             self._run_proactive_filter()
         if not self.training and self.policy.ready():
             self._train()
+            self._touched = True
         self._dispatch()
         now = self.queue.now
         for r in self._dirty:
@@ -399,12 +403,15 @@ class Simulation:
             if t is not None:
                 self.queue.schedule(t, _REPLICA, r, r.ticket)
         self._dirty.clear()
-        if self.buffer is not None:
+        if self._touched and self.buffer is not None:
+            self._touched = False
             self._track_head(now)
 
     # ------------------------------------------------------------- dispatch
 
     def _dispatch(self) -> None:
+        if self._admit_blocked:
+            return
         policy, launch, now = self.policy, self.launch, self.queue.now
         while self.free_slots >= launch:
             if self._retry:
@@ -414,8 +421,12 @@ class Simulation:
             gid = self._next_gid
             admission = policy.try_admit(gid, self.engine_version)
             if admission is None:
+                # The policy says no until its state changes (a completion, an abort, a consume
+                # or a new engine version); asking again before that would only cost time.
+                self._admit_blocked = True
                 return
             self._next_gid += 1
+            self._touched = True
             if self._retry:
                 self._retry.popleft()
             else:
@@ -511,6 +522,8 @@ class Simulation:
             self._complete(g, tuple(r.result for r in done.members))
 
     def _complete(self, g: _Group, members: tuple[_Member, ...]) -> None:
+        self._admit_blocked = False
+        self._touched = True
         g.completed = True
         g.trained_members = members
         if not self.policy.complete(g.gid, g):
@@ -553,6 +566,8 @@ class Simulation:
         self._forget(g, cause)
 
     def _forget(self, g: _Group, cause: str) -> None:
+        self._admit_blocked = False  # an abort, drop or surplus cancel frees policy room
+        self._touched = True
         del self.groups[g.gid]
         self.counts[f"groups_{cause}"] += 1
 
@@ -584,6 +599,7 @@ class Simulation:
 
     def _train(self) -> None:
         batch = self.policy.consume()
+        self._admit_blocked = False
         self._settle(batch)
         tokens = 0.0
         trained = truncated = 0
@@ -633,6 +649,7 @@ class Simulation:
             self.queue.schedule(now + self.cfg.engine.sync_delay, _SYNC, new)
         else:
             self.engine_version = max(self.engine_version, new)
+            self._admit_blocked = False
         if self.steps_done == self._warmup:
             self._snapshot_window()
 

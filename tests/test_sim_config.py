@@ -1,0 +1,74 @@
+"""Workload YAML: presets load, and bad files fail with every problem named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stalebound.core import ConfigError
+from stalebound.sim.config import list_presets, load_preset, load_workload, workload_from_dict
+from stalebound.sim.simulator import compute_bound
+from stalebound.sim.workload import distribution_mean
+
+
+def test_reference_preset_matches_the_documented_cluster() -> None:
+    cfg = load_preset("reference")
+    assert (cfg.lengths.distribution, cfg.lengths.median, cfg.lengths.p99) == (
+        "lognormal",
+        2000,
+        20000,
+    )
+    assert cfg.lengths.cap == 32768
+    assert (cfg.engine.replicas, cfg.engine.max_concurrency) == (16, 128)
+    assert (cfg.engine.step_base, cfg.engine.step_per_seq) == (0.020, 0.0001)
+    assert (cfg.batch.groups, cfg.batch.group_size, cfg.trainer.step_time) == (32, 8, 15.0)
+    assert {"reference", "agentic", "small"} <= set(list_presets())
+
+
+def test_reference_bound_is_the_training_limit() -> None:
+    b = compute_bound(load_preset("reference"))
+    assert b.training == pytest.approx(256 / 15)
+    # 2048 slots at 32.8 ms a step, over the capped lognormal mean (about 3,240 tokens)
+    assert b.mean_length == pytest.approx(3240, rel=0.01)
+    assert b.generation == pytest.approx(2048 / (b.mean_length * 0.0328))
+    assert b.value == b.training
+
+
+def test_unknown_keys_and_bad_values_are_all_reported(tmp_path: Path) -> None:
+    f = tmp_path / "w.yaml"
+    f.write_text(
+        "engine:\n  replicas: 0\n  step_bse: 0.1\nlengths:\n  median: 100\n  p99: 50\n"
+        "batch:\n  groups: two\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_workload(f)
+    problems = info.value.problems
+    assert any(p.startswith("engine.step_bse=0.1: unknown key") for p in problems)
+    assert any(p.startswith("batch.groups='two': must be an integer") for p in problems)
+    # values are checked once the types are right
+    f.write_text("engine:\n  replicas: 0\nlengths:\n  median: 100\n  p99: 50\n")
+    with pytest.raises(ConfigError) as info:
+        load_workload(f)
+    text = str(info.value)
+    assert "engine.replicas=0: must be ≥ 1" in text
+    assert "lengths.p99=50.0: must be > median=100.0" in text
+
+
+def test_bad_distribution_and_missing_files_name_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"lengths\.distribution='gamma': use one of"):
+        workload_from_dict({"lengths": {"distribution": "gamma"}})
+    with pytest.raises(ConfigError, match=r"lengths\.file='nope.txt': no such file"):
+        workload_from_dict({"lengths": {"distribution": "empirical", "file": "nope.txt"}})
+    with pytest.raises(ConfigError, match="preset='huge': no such preset"):
+        load_preset("huge")
+    with pytest.raises(ConfigError, match="cannot read it"):
+        load_workload(tmp_path / "missing.yaml")
+
+
+def test_empirical_lengths_load_relative_to_the_workload_file(tmp_path: Path) -> None:
+    (tmp_path / "lengths.txt").write_text("# tokens\n100\n300\n")
+    f = tmp_path / "w.yaml"
+    f.write_text("lengths:\n  distribution: empirical\n  file: lengths.txt\n")
+    cfg = load_workload(f)
+    assert distribution_mean(cfg.lengths, cfg.base_dir) == 200
