@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 from typing import Any
 
 import pytest
@@ -67,7 +68,7 @@ def test_virtual_clock_never_goes_backwards(policy: str) -> None:
     sim.run()
     times = sim.queue.times
     assert len(times) > 100
-    assert all(a <= b for a, b in zip(times, times[1:], strict=False))
+    assert all(a <= b for a, b in itertools.pairwise(times))
 
 
 def test_buffer_never_violates_the_bound_while_capacity_does() -> None:
