@@ -15,6 +15,7 @@ cancelled (surplus, retried, aborted with its group), or is still in flight or w
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 from collections import Counter, deque
@@ -356,6 +357,18 @@ class Simulation:
 
     def run(self) -> SimResult:
         """Run until ``steps`` train steps have finished; returns the measurements."""
+        # The run allocates millions of short-lived objects; the cyclic collector would rescan the
+        # live ones over and over (about a fifth of the run time). Groups break their reference
+        # cycles when they leave, so plain reference counting frees them.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _run(self) -> SimResult:
         q = self.queue
         self._snapshot_window()  # t = 0, replaced at the end of the warm-up steps
         self._after_event()
@@ -569,6 +582,8 @@ class Simulation:
         self._admit_blocked = False  # an abort, drop or surplus cancel frees policy room
         self._touched = True
         del self.groups[g.gid]
+        g.members = {}  # break the group ↔ member cycles
+        g.trained_members = ()
         self.counts[f"groups_{cause}"] += 1
 
     def _count_member(self, m: _Member, outcome: str, *, complete: bool) -> None:
@@ -615,6 +630,8 @@ class Simulation:
                     self._record(m, "trained", complete=not m.truncated)
             self.histogram[staleness] += len(g.trained_members)
             del self.groups[g.gid]
+            g.members = {}  # break the group ↔ member cycles
+            g.trained_members = ()
         self.counts["trained"] += trained
         self.counts["truncated_trained"] += truncated
         self.tokens["trained"] += tokens
