@@ -95,8 +95,12 @@ def _histogram(plt: Any, results: list[SimResult], path: Path) -> Path:
 
 
 def _timeline(plt: Any, results: list[SimResult], path: Path) -> Path:
-    chosen = [r for r in results if r.timeline]
-    fig, ax = plt.subplots(figsize=(12, 1 + 0.9 * max(1, len(chosen))))
+    # one row per buffer policy at the largest η, over the first fifth of the shortest run
+    with_timeline = [r for r in results if r.timeline]
+    top = max((r.staleness for r in with_timeline), default=0)
+    chosen = [r for r in with_timeline if r.staleness == top or r.policy == "sync"]
+    end = min((r.sim_time for r in chosen), default=0.0) / 5
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.6 * max(1, len(chosen))))
     colors = {
         "READY": "tab:green",
         "READY_WITH_CAPACITY": "tab:olive",
@@ -104,12 +108,13 @@ def _timeline(plt: Any, results: list[SimResult], path: Path) -> Path:
         "STUCK": "tab:red",
     }
     for row, r in enumerate(chosen):
-        points = [*r.timeline, (r.sim_time, r.timeline[-1][1])]
+        points = [p for p in r.timeline if p[0] < end] + [(end, "")]
         for (t0, state), (t1, _) in itertools.pairwise(points):
             if t1 > t0:
                 ax.broken_barh([(t0, t1 - t0)], (row - 0.4, 0.8), color=colors[state])
     ax.set_yticks(range(len(chosen)))
     ax.set_yticklabels([f"{r.policy} η={r.staleness}" for r in chosen], fontsize=8)
+    ax.set_xlim(0, end or 1)
     ax.set_xlabel("virtual time (s)")
     ax.set_title("head buffer state: " + ", ".join(f"{s} = {c[4:]}" for s, c in colors.items()))
     fig.tight_layout()

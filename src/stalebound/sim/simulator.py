@@ -348,7 +348,9 @@ class Simulation:
         self._blocked_time = 0.0
         self._check_pending = False
         self.record_timeline = record_timeline
-        self.timeline: list[tuple[float, str]] = []
+        self.timeline: list[tuple[float, str]] = (
+            [(0.0, BufferState.PENDING.name)] if record_timeline and self.buffer is not None else []
+        )
         # the measuring window starts after the warm-up steps
         self._warmup = min(self.steps - 1, int(self.steps * cfg.run.warmup_fraction))
         self._mark: dict[str, float] = {}
@@ -400,7 +402,20 @@ class Simulation:
             if self.steps_done >= self.steps:
                 break  # measure exactly ``steps`` batches: do not start the next one
             self._after_event()
+        if self.recorder is not None:
+            self._record_unfinished()
         return self._result()
+
+    def _record_unfinished(self) -> None:
+        """End of run: record what is still in flight, so a trace keeps every trajectory."""
+        for g in self.groups.values():
+            for m in g.members.values():
+                if m.state in (_DECODING, _TOOL_CALL):
+                    progress = self._progress(m)
+                    m.tokens = progress
+                    self._record(m, "running", complete=False)
+                elif m.state == _FINISHED:
+                    self._record(m, "finished", complete=not m.truncated)
 
     def _after_event(self) -> None:
         if self.spec.filter is not None:
@@ -408,7 +423,8 @@ class Simulation:
         if not self.training and self.policy.ready():
             self._train()
             self._touched = True
-        self._dispatch()
+        if not self._admit_blocked and self.free_slots >= self.launch:
+            self._dispatch()
         now = self.queue.now
         for r in self._dirty:
             r.ticket += 1
@@ -454,7 +470,11 @@ class Simulation:
         spec = self.source.spec(group.prompt, group.attempt, number)
         m = _Member(group, number, spec, version, now)
         group.members[number] = m
-        r = self._pick_replica()
+        r = self.replicas[self._cursor]
+        if r.slots < r.max_slots:  # the usual case: round robin finds room at once
+            self._cursor = r.index + 1 if r.index + 1 < len(self.replicas) else 0
+        else:
+            r = self._pick_replica()
         r.slots += 1
         self.free_slots -= 1
         m.replica = r
@@ -511,7 +531,8 @@ class Simulation:
 
     def _end_member(self, m: _Member) -> None:
         """A member reached its natural end: it finished, or it failed."""
-        self._free_slot(m)
+        m.replica.slots -= 1  # type: ignore[union-attr]
+        self.free_slots += 1
         m.state = _FINISHED
         m.end = self.queue.now
         g = m.group

@@ -153,16 +153,19 @@ class SampledSource:
         self._first = random.Random(seed)
         self._extra = random.Random(seed * 7919 + 1)
         self._next_prompt = 0
+        self._plain = self._fail_rate == 0 and self._turns == 1
 
     def spec(self, prompt: int, attempt: int, member: int) -> TrajectorySpec:
         first_draw = attempt == 0 and member < self._launch and prompt >= self._next_prompt
         rng = self._first if first_draw else self._extra
         if first_draw and member == self._launch - 1:
             self._next_prompt = prompt + 1
-        return self._draw(rng)
+        tokens = round(self._length(rng))
+        if self._plain:  # no failures, one turn: the common case, kept short
+            return TrajectorySpec((tokens if tokens > 1 else 1,), (), False)
+        return self._draw(rng, max(1, tokens))
 
-    def _draw(self, rng: random.Random) -> TrajectorySpec:
-        tokens = max(1, round(self._length(rng)))
+    def _draw(self, rng: random.Random, tokens: int) -> TrajectorySpec:
         failed = self._fail_rate > 0 and rng.random() < self._fail_rate
         if failed:
             tokens = max(1, math.ceil(tokens * rng.random()))
