@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +145,6 @@ def run_simulations(
             if policy == "buffer+redundancy":
                 launch += cfg.redundancy.group_extra
             source = ReplaySource(records, launch)
-        started = time.perf_counter()
         try:
             result = simulate(
                 cfg,
@@ -162,7 +160,6 @@ def run_simulations(
         finally:
             if recorder is not None:
                 recorder.close()
-        result.counts["wall_ms"] = round(1000 * (time.perf_counter() - started))
         results.append(result)
     return results
 
