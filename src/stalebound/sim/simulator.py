@@ -327,7 +327,9 @@ class Simulation:
         self.training = False
         self.steps_done = 0
         self.groups: dict[int, _Group] = {}
-        self._dirty: set[Replica] = set()
+        # replicas whose next completion must be re-derived, in first-touched order: a set would
+        # iterate in address order and make tie-breaks differ from run to run
+        self._dirty: dict[Replica, None] = {}
         self._cursor = 0
         self._next_gid = 0
         self._next_prompt = 0
@@ -480,7 +482,7 @@ class Simulation:
         m.replica = r
         r.advance(now)
         m.seq = r.join(m, spec.segments[0])
-        self._dirty.add(r)
+        self._dirty[r] = None
         self.counts["launched"] += 1
 
     def _pick_replica(self) -> Replica:
@@ -500,7 +502,7 @@ class Simulation:
     def _on_replica(self, r: Replica) -> None:
         now = self.queue.now
         r.advance(now)
-        self._dirty.add(r)
+        self._dirty[r] = None
         for s in r.pop_finished():
             m: _Member = s.owner
             m.tokens += s.finish - s.start
@@ -521,7 +523,7 @@ class Simulation:
         assert r is not None
         r.advance(self.queue.now)
         m.seq = r.join(m, m.spec.segments[m.seg])
-        self._dirty.add(r)
+        self._dirty[r] = None
 
     def _free_slot(self, m: _Member) -> None:
         r = m.replica
@@ -572,7 +574,7 @@ class Simulation:
             r.advance(now)
             m.tokens += r.cancel(m.seq)
             m.seq = None
-            self._dirty.add(r)
+            self._dirty[r] = None
         elif m.state != _TOOL_CALL:
             raise InvariantError(f"cancel of member {m.group.gid}/{m.number} in state {m.state}")
         self._free_slot(m)
