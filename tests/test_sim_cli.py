@@ -107,3 +107,16 @@ def test_bad_traces_name_the_line(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="line 2: bad trajectory record"):
         read_trace(trace)
+
+
+def test_the_shipped_example_trace_replays() -> None:
+    from importlib import resources
+
+    trace = resources.files("stalebound.sim").joinpath("traces", "small-buffer.jsonl")
+    header, records = read_trace(str(trace))
+    assert header.source == "simulator"
+    assert any(not r.complete for r in records)  # in flight at the end: kept, marked
+    (result,) = run_simulations(
+        preset="small", policies=["buffer+truncate"], etas=[3], steps=4, replay=str(trace)
+    )
+    assert result.counts["trained"] == 4 * 4 * 4

@@ -43,16 +43,20 @@ def test_unknown_keys_and_bad_values_are_all_reported(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError) as info:
         load_workload(f)
-    problems = info.value.problems
-    assert any(p.startswith("engine.step_bse=0.1: unknown key") for p in problems)
-    assert any(p.startswith("batch.groups='two': must be an integer") for p in problems)
-    # values are checked once the types are right
-    f.write_text("engine:\n  replicas: 0\nlengths:\n  median: 100\n  p99: 50\n")
-    with pytest.raises(ConfigError) as info:
-        load_workload(f)
-    text = str(info.value)
-    assert "engine.replicas=0: must be ≥ 1" in text
-    assert "lengths.p99=50.0: must be > median=100.0" in text
+    assert info.value.problems == (
+        "engine.step_bse=0.1: unknown key; known keys here are max_concurrency, replicas, "
+        "step_base, step_per_seq, sync_delay",
+        "batch.groups='two': must be an integer; write a whole number like 8",
+        "lengths.p99=50.0: must be > median=100.0; raise p99",
+        "engine.replicas=0: must be ≥ 1; set the replica count",
+    )
+
+
+def test_null_is_accepted_only_where_documented() -> None:
+    cfg = workload_from_dict({"lengths": {"cap": None}, "failures": {"max_relaunches": None}})
+    assert cfg.lengths.cap is None and cfg.failures.max_relaunches is None
+    with pytest.raises(ConfigError, match=r"trainer\.step_time=None: a value is required"):
+        workload_from_dict({"trainer": {"step_time": None}})
 
 
 def test_bad_distribution_and_missing_files_name_the_fix(tmp_path: Path) -> None:

@@ -226,10 +226,8 @@ def workload_from_dict(data: Mapping[str, Any], *, base_dir: str = ".") -> Workl
     """Build and validate a :class:`WorkloadConfig` from plain data (as YAML gives it)."""
     problems: list[str] = []
     built: WorkloadConfig = _build(WorkloadConfig, data, "", problems)
-    if problems:
-        raise ConfigError(problems)
     cfg = dataclasses.replace(built, base_dir=base_dir)
-    problems = validate(cfg)
+    problems += validate(cfg)  # a value of the wrong type kept its default: check the rest too
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -268,8 +266,13 @@ def _build(cls: type[Any], data: Any, prefix: str, problems: list[str]) -> Any:
         if key in _NESTED:
             kwargs[key] = _build(_NESTED[key], value, f"{path}.", problems)
             continue
-        kwargs[key] = _coerce(path, value, str(fields[key].type), problems)
+        value = _coerce(path, value, str(fields[key].type), problems)
+        if value is not _BAD:
+            kwargs[key] = value
     return cls(**kwargs)
+
+
+_BAD = object()  # what _coerce returns for a value of the wrong type
 
 
 def _coerce(path: str, value: Any, annotation: str, problems: list[str]) -> Any:
@@ -278,24 +281,25 @@ def _coerce(path: str, value: Any, annotation: str, problems: list[str]) -> Any:
     base, _, rest = annotation.partition(" | ")
     if value is None:
         if rest != "None":
-            problems.append(f"{path}=None: a value is required here (a {base})")
+            problems.append(f"{path}=None: a value is required here; give a {base}")
+            return _BAD
         return None
     if isinstance(value, bool):
-        problems.append(f"{path}={value!r}: must be a {base}, not a boolean")
-        return None
+        problems.append(f"{path}={value!r}: must be a {base}, not a boolean; write a {base}")
+        return _BAD
     if base == "float":
         if not isinstance(value, int | float):
-            problems.append(f"{path}={value!r}: must be a number")
-            return None
+            problems.append(f"{path}={value!r}: must be a number; write it without quotes or units")
+            return _BAD
         return float(value)
     if base == "int":
         if not isinstance(value, int):
-            problems.append(f"{path}={value!r}: must be an integer")
-            return None
+            problems.append(f"{path}={value!r}: must be an integer; write a whole number like 8")
+            return _BAD
         return value
     if not isinstance(value, str):
-        problems.append(f"{path}={value!r}: must be a string")
-        return None
+        problems.append(f"{path}={value!r}: must be a string; quote it")
+        return _BAD
     return value
 
 
@@ -328,7 +332,7 @@ def validate(cfg: WorkloadConfig) -> list[str]:
     need(b.group_size >= 1, "batch.group_size", b.group_size, "must be ≥ 1 (N per group)")
     slots = e.replicas * e.max_concurrency
     need(
-        b.group_size + cfg.redundancy.group_extra <= slots,
+        slots < 1 or b.group_size + cfg.redundancy.group_extra <= slots,
         "batch.group_size",
         b.group_size,
         f"a group of N′={b.group_size + cfg.redundancy.group_extra} must fit on the {slots} "
