@@ -54,6 +54,7 @@ def main() -> None:
     slots = cfg.engine.replicas * cfg.engine.max_concurrency
     launched = result.counts.get("launched", 0)
     print(f"policy {args.policy}, η = {args.staleness}, {slots} slots, {steps} steps")
+    print(f"peak slots in use     {slots - sim.min_free_slots:>12,}")
     print(f"trajectories trained  {result.counts.get('trained', 0):>12,}")
     print(f"trajectories launched {launched:>12,}")
     print(f"events                {result.events:>12,}")

@@ -323,6 +323,8 @@ class Simulation:
         ]
         self.queue = EventQueue()
         self.free_slots = slots
+        self.min_free_slots = slots
+        """The fewest free engine slots seen: slots − this is the peak in use."""
         self.engine_version = 0
         self.training = False
         self.steps_done = 0
@@ -479,6 +481,8 @@ class Simulation:
             r = self._pick_replica()
         r.slots += 1
         self.free_slots -= 1
+        if self.free_slots < self.min_free_slots:
+            self.min_free_slots = self.free_slots
         m.replica = r
         r.advance(now)
         m.seq = r.join(m, spec.segments[0])
