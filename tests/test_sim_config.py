@@ -76,3 +76,30 @@ def test_empirical_lengths_load_relative_to_the_workload_file(tmp_path: Path) ->
     f.write_text("lengths:\n  distribution: empirical\n  file: lengths.txt\n")
     cfg = load_workload(f)
     assert distribution_mean(cfg.lengths, cfg.base_dir) == 200
+
+
+def test_lognormal_lengths_have_the_configured_median_and_p99() -> None:
+    import random
+
+    from stalebound.sim.workload import make_sampler
+
+    cfg = workload_from_dict({"lengths": {"median": 2000, "p99": 20000}})
+    draw = make_sampler(cfg.lengths)
+    rng = random.Random(0)
+    xs = sorted(draw(rng) for _ in range(40_000))
+    assert xs[20_000] == pytest.approx(2000, rel=0.03)
+    assert xs[39_600] == pytest.approx(20000, rel=0.08)
+
+
+def test_pareto_mean_matches_its_samples() -> None:
+    import random
+
+    from stalebound.sim.workload import make_sampler
+
+    d = workload_from_dict(
+        {"lengths": {"distribution": "pareto", "minimum": 100, "alpha": 1.5, "cap": 5000}}
+    ).lengths
+    rng = random.Random(1)
+    draw = make_sampler(d)
+    sample = sum(draw(rng) for _ in range(40_000)) / 40_000
+    assert sample == pytest.approx(distribution_mean(d), rel=0.03)

@@ -137,3 +137,18 @@ def test_results_do_not_depend_on_object_addresses() -> None:
     ballast = [object() for _ in range(10_000)]
     second = simulate(cfg, "buffer+redundancy", 2, seed=4).to_json()
     assert ballast and first == second
+
+
+def test_the_proactive_time_trigger_waits() -> None:
+    eager = simulate(tail(), "buffer+truncate", 1, seed=0)
+    patient = simulate(tail(proactive={"stuck_time": 1e9}), "buffer+truncate", 1, seed=0)
+    assert eager.counts.get("truncated", 0) > 0
+    assert patient.counts.get("truncated", 0) == 0
+    assert patient.to_json()["throughput"] == simulate(tail(), "buffer", 1, seed=0).throughput
+
+
+def test_a_weight_sync_delay_slows_synchronous_training() -> None:
+    fast = simulate(tail(), "sync", 0, seed=0)
+    slow = simulate(tail(engine={"sync_delay": 2.0}), "sync", 0, seed=0)
+    assert slow.throughput < fast.throughput
+    assert slow.violations == 0
