@@ -169,11 +169,6 @@ class WorkloadConfig:
     base_dir: str = field(default=".", compare=False)
     """Folder that relative ``file`` paths are taken from (the workload file's folder)."""
 
-    @property
-    def group_slots(self) -> int:
-        """Groups that fit on the engines at once (slots ÷ N′ of the plain policies)."""
-        return max(1, self.engine.replicas * self.engine.max_concurrency // self.batch.group_size)
-
 
 # --------------------------------------------------------------------------- loading
 
