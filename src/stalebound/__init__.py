@@ -4,6 +4,8 @@
 from their subpackages when used.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from stalebound.core import (
     BufferState,
     BufferStatistics,
@@ -24,7 +26,22 @@ from stalebound.core import (
     StalenessBuffer,
 )
 
+if TYPE_CHECKING:
+    from stalebound.runtime import RolloutStat, StalenessManager, VersionProvider, WorkflowExecutor
+
 __version__ = "0.1.0"
+
+# The runtime (asyncio, threads) loads on first use, so `import stalebound` stays light.
+_RUNTIME = frozenset({"RolloutStat", "StalenessManager", "VersionProvider", "WorkflowExecutor"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RUNTIME:
+        import stalebound.runtime
+
+        return getattr(stalebound.runtime, name)
+    raise AttributeError(f"module 'stalebound' has no attribute {name!r}")
+
 
 __all__ = [
     "BufferState",
@@ -42,7 +59,11 @@ __all__ = [
     "ProtocolError",
     "Relaunch",
     "Reservation",
+    "RolloutStat",
     "StaleboundError",
     "StalenessBuffer",
+    "StalenessManager",
+    "VersionProvider",
+    "WorkflowExecutor",
     "__version__",
 ]

@@ -21,6 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     walk = sub.add_parser("walkthrough", help="narrated walk through the staleness-buffer protocol")
     walk.set_defaults(func=_walkthrough)
+
+    from stalebound.obs.cli import register as register_plot
+
+    register_plot(sub)
     from stalebound.sim import cli as sim_cli
 
     sim_cli.register(sub)

@@ -7,19 +7,48 @@ documentation.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, ClassVar, Literal, TypeVar, overload
+
+from stalebound import typedconfig
+from stalebound.core.errors import ConfigError
+from stalebound.typedconfig import Invalid, bounds, null_means
+
+__all__ = [
+    "ALIASES",
+    "EngineConfig",
+    "FilterGroupsConfig",
+    "GroupPostProcessConfig",
+    "ProactiveFilterConfig",
+    "RolloutConfig",
+    "StaleboundConfig",
+    "config_reference",
+    "dump_yaml",
+    "load_config",
+    "main",
+    "parse_cli_overrides",
+]
 
 
 @dataclass
 class ProactiveFilterConfig:
     """What to do with a STUCK head buffer's last RESERVED groups (PSRL's proactive filter)."""
 
-    method: Literal["null", "retry", "truncate"] = "null"
+    method: Literal["null", "retry", "truncate"] = field(
+        default="null", metadata=null_means("null")
+    )
     """``retry`` aborts and re-dispatches them, ``truncate`` force-completes them, ``null`` waits."""
-    threshold: int = 4
+    threshold: int = field(
+        default=4, metadata=bounds(ge=0, fix="count RESERVED entries, e.g. 4 (the default)")
+    )
     """Act only when the STUCK buffer has at most this many RESERVED entries."""
-    stuck_timeout_s: float | None = None
+    stuck_timeout_s: float | None = field(
+        default=None, metadata=bounds(ge=0, fix="give seconds, or null to act at once")
+    )
     """Act only once the buffer has been STUCK this long (seconds); ``None`` acts at once."""
 
 
@@ -28,6 +57,7 @@ class GroupPostProcessConfig:
     """Group post-processors run when a group completes (PSRL's ``group_post_process``)."""
 
     enable: bool = False
+    """Run the post-processor on every completed group."""
     name: str = "dynamic_sampling_filter"
     """A registered post-processor; ``dynamic_sampling_filter`` drops zero-variance groups."""
 
@@ -48,37 +78,300 @@ class RolloutConfig:
     staleness_policy: Literal["buffer", "capacity"] = "buffer"
     """``buffer``: PSRL's per-trajectory staleness buffer. ``capacity``: AReaL's count-based
     admission (bounds staleness in aggregate only)."""
-    max_head_offpolicyness: int = 2
+    max_head_offpolicyness: int = field(
+        default=2, metadata=bounds(ge=0, fix="use 0 for synchronous training")
+    )
     """η, the staleness bound: a trajectory generated at version V is trained at V + η at the latest.
     0 is synchronous training. Aliases: ``psrl.staleness``, ``--max-head-offpolicyness``."""
-    consumer_batch_size: int = 8
+    consumer_batch_size: int = field(
+        default=8, metadata=bounds(ge=1, fix="train on at least one group per step")
+    )
     """B, groups per training step."""
-    max_concurrent_rollouts: int | None = None
+    max_concurrent_rollouts: int | None = field(
+        default=None,
+        metadata=bounds(ge=1, fix="allow at least one rollout, or null for all the window allows"),
+    )
     """The most groups generating at once; ``None`` means ``(η + 1)·B′``, all the window allows."""
-    group_size: int = 4
+    group_size: int = field(
+        default=4, metadata=bounds(ge=1, fix="use 1 for no grouping, more for GRPO-style groups")
+    )
     """N, trajectories per group (GRPO's group). Alias: ``psrl.rollout_n``."""
-    buffer_size: int | None = None
+    buffer_size: int | None = field(
+        default=None, metadata=bounds(ge=1, fix="use null for B′ = B (no batch-level redundancy)")
+    )
     """B′, entries per buffer (≥ B); more than B is batch-level redundancy. ``None`` means B."""
-    group_redundancy: int | None = None
+    group_redundancy: int | None = field(
+        default=None, metadata=bounds(ge=1, fix="use null for N′ = N (no group-level redundancy)")
+    )
     """N′, trajectories launched per group (≥ N); more than N is group-level redundancy."""
-    queue_size: int | None = None
+    queue_size: int | None = field(
+        default=None, metadata=bounds(ge=1, fix="use null for 16 × the concurrency limit")
+    )
     """Input queue bound; ``None`` means 16 × the concurrency limit."""
-    request_timeout: float = 3600.0
+    request_timeout: float = field(
+        default=3600.0, metadata=bounds(gt=0, fix="give seconds, e.g. 3600 (the default)")
+    )
     """Seconds before a running episode is cancelled and counted as timed out."""
-    max_consecutive_failures: int = 32
+    max_consecutive_failures: int = field(
+        default=32, metadata=bounds(ge=1, fix="e.g. 32 (the default)")
+    )
     """The executor stops with an error after this many groups fail in a row."""
     reject_stale_results: bool = False
     """``capacity`` policy only: drop results staler than η when they complete (counted as wasted)."""
     proactive_filter: ProactiveFilterConfig = field(default_factory=ProactiveFilterConfig)
     group_post_process: GroupPostProcessConfig = field(default_factory=GroupPostProcessConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
-    max_consecutive_filtered: int = 256
+    max_consecutive_filtered: int = field(
+        default=256, metadata=bounds(ge=1, fix="e.g. 256 (the default)")
+    )
     """The data loader stops with an error after this many consecutive groups are filtered."""
+
+    def _validate(self) -> Iterator[Invalid]:
+        b = self.consumer_batch_size
+        if self.buffer_size is not None and self.buffer_size < b:
+            yield Invalid(
+                "buffer_size",
+                f"must be ≥ consumer_batch_size ({b}): a buffer holds the batch plus its redundancy",
+                f"use at least {b}, or null for B′ = B",
+            )
+        n = self.group_size
+        if self.group_redundancy is not None and self.group_redundancy < n:
+            yield Invalid(
+                "group_redundancy",
+                f"must be ≥ group_size ({n}): N′ members are launched to finish N",
+                f"use at least {n}, or null for N′ = N",
+            )
+        if self.reject_stale_results and self.staleness_policy != "capacity":
+            yield Invalid(
+                "reject_stale_results",
+                "only applies to staleness_policy=capacity (the buffer policy never trains a "
+                "stale result)",
+                "set it to false, or use staleness_policy=capacity",
+            )
+
+
+@dataclass
+class EngineConfig:
+    """The inference engines that generate rollouts."""
+
+    kind: Literal["local", "vllm", "sglang"] = "local"
+    """``local``: the embedded engine (a Hugging Face model in worker processes). ``vllm`` /
+    ``sglang``: OpenAI-compatible servers at ``urls``."""
+    model_path: str | None = None
+    """A local Hugging Face checkpoint directory; ``None`` builds the default tiny model in
+    ``cache_dir``. Nothing is downloaded."""
+    cache_dir: str = ".stalebound/models"
+    """Where the default model is built and reused."""
+    replicas: int = field(default=1, metadata=bounds(ge=1, fix="run at least one engine"))
+    """Local engine worker processes behind the router."""
+    urls: list[str] = field(default_factory=list)
+    """Server base URLs for ``vllm`` / ``sglang`` (one replica each)."""
+    max_batch_size: int = field(default=256, metadata=bounds(ge=1, fix="e.g. 256 (the default)"))
+    """Requests decoded together per local worker."""
+    max_in_flight_per_engine: int | None = field(
+        default=None, metadata=bounds(ge=1, fix="give a count, or null for no limit")
+    )
+    """The router's per-replica limit; further requests queue, oldest V_traj first."""
+    interrupt_mode: Literal["continue", "resubmit"] = "continue"
+    """On a weight update: ``continue`` in-flight requests with the new weights (partial rollout;
+    every token keeps its version), or abort and ``resubmit`` prompt + partial output."""
+    num_threads: int = field(default=1, metadata=bounds(ge=1, fix="e.g. 1 per worker"))
+    """torch threads per local worker."""
+    max_new_tokens: int = field(default=16, metadata=bounds(ge=1, fix="e.g. 16"))
+    """Generation limit per model turn."""
+    temperature: float = field(default=1.0, metadata=bounds(ge=0, fix="0 is greedy, 1 samples"))
+    """Sampling temperature of rollouts."""
+    top_p: float = field(default=1.0, metadata=bounds(gt=0, le=1, fix="1 keeps every token"))
+    """Nucleus sampling of rollouts."""
+
+    def _validate(self) -> Iterator[Invalid]:
+        if self.kind != "local" and not self.urls:
+            yield Invalid(
+                "urls",
+                f"kind={self.kind} needs at least one server URL",
+                "set engine.urls=[http://127.0.0.1:8000], or use engine.kind=local",
+            )
+
+
+ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        # AReaL's top-level names (also the --max-head-offpolicyness style flags).
+        "max_head_offpolicyness": "rollout.max_head_offpolicyness",
+        "max_concurrent_rollouts": "rollout.max_concurrent_rollouts",
+        "consumer_batch_size": "rollout.consumer_batch_size",
+        # PSRL's names.
+        "psrl.staleness": "rollout.max_head_offpolicyness",
+        "psrl.rollout_n": "rollout.group_size",
+        "psrl.proactive_filter_strategy.method": "rollout.proactive_filter.method",
+        "psrl.proactive_filter_strategy.threshold": "rollout.proactive_filter.threshold",
+        "psrl.rollout_coordination.proactive_filter_strategy.method": (
+            "rollout.proactive_filter.method"
+        ),
+        "psrl.rollout_coordination.proactive_filter_strategy.threshold": (
+            "rollout.proactive_filter.threshold"
+        ),
+        "psrl.group_post_process.enable": "rollout.group_post_process.enable",
+        "psrl.group_post_process.name": "rollout.group_post_process.name",
+        "algorithm.filter_groups.metric": "rollout.filter_groups.metric",
+        # PSRL's two redundancy levels: entries per buffer (B′) and members per group (N′).
+        "psrl.redundant_rollout.buffer_size": "rollout.buffer_size",
+        "psrl.redundant_rollout.rollout_n": "rollout.group_redundancy",
+    }
+)
+"""The seeds' spellings, each mapped to its canonical key (accepted in YAML, overrides and flags)."""
 
 
 @dataclass
 class StaleboundConfig:
     """The root of the tree."""
 
+    config_aliases: ClassVar[Mapping[str, str]] = ALIASES
+
     seed: int = 0
+    """Seed of every random choice (sampling, data order, simulated durations)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+C = TypeVar("C")
+
+_REFERENCE_HINT = "python -m stalebound.config --reference lists every key"
+
+
+def _schema(base: type) -> typedconfig.Schema:
+    return typedconfig.Schema(
+        base, getattr(base, "config_aliases", None), reference_hint=_REFERENCE_HINT
+    )
+
+
+@overload
+def load_config(
+    paths: Sequence[str | Path] = (),
+    overrides: Sequence[str] = (),
+    *,
+    data: Sequence[Mapping[str, Any]] = (),
+) -> StaleboundConfig: ...
+
+
+@overload
+def load_config(
+    paths: Sequence[str | Path] = (),
+    overrides: Sequence[str] = (),
+    *,
+    data: Sequence[Mapping[str, Any]] = (),
+    base: type[C],
+) -> C: ...
+
+
+def load_config(
+    paths: Sequence[str | Path] = (),
+    overrides: Sequence[str] = (),
+    *,
+    data: Sequence[Mapping[str, Any]] = (),
+    base: type[Any] = StaleboundConfig,
+) -> Any:
+    """The config tree rooted at ``base``: its defaults, then each YAML file in ``paths``, then each
+    mapping in ``data``, then the ``key.path=value`` overrides (values parsed as YAML).
+
+    Aliases (``base.config_aliases``) are accepted everywhere. Raises one
+    :class:`~stalebound.core.errors.ConfigError` listing every problem found, each as
+    ``name=value: why; the fix``.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    schema = _schema(base)
+    problems: list[str] = []
+    layers = [typedconfig.file_layer(p, problems) for p in paths]
+    layers += [typedconfig.Layer(d) for d in data]
+    layers.append(typedconfig.override_layer(overrides, problems))
+    try:
+        config = schema.load(layer for layer in layers if layer is not None)
+    except ConfigError as exc:
+        raise ConfigError([*problems, *exc.problems]) from None
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def parse_cli_overrides(
+    argv: Sequence[str], *, base: type[Any] = StaleboundConfig
+) -> tuple[list[str], list[str]]:
+    """Split a command line into ``(yaml_paths, overrides)`` for :func:`load_config`.
+
+    Accepts positional ``CONFIG.yaml`` files (or ``--config CONFIG.yaml``), ``key.path=value``
+    tokens, and AReaL-style flags ``--some-name VALUE`` / ``--a.b-c=VALUE`` (dashes become
+    underscores), for every key and alias of the tree. Unknown flags raise one ConfigError.
+    """
+    return typedconfig.parse_argv(argv, _schema(base))
+
+
+def dump_yaml(config: Any) -> str:
+    """The resolved config as YAML; :func:`load_config` reads it back to an equal config."""
+    return typedconfig.dump_yaml(config)
+
+
+_REFERENCE_HEAD = """\
+# Configuration reference
+
+<!-- Generated by `python -m stalebound.config --reference`; do not edit by hand. -->
+
+stalebound has one typed configuration tree, `stalebound.config.StaleboundConfig`. A run's settings
+are, in order: the defaults below, then each YAML file, then `key.path=value` overrides, then
+command-line flags. A later source replaces what an earlier one set, key by key.
+
+```
+stalebound train my.yaml rollout.group_size=8 engine.urls=[http://a:8000,http://b:8000] \\
+    --max-head-offpolicyness 4 --max-concurrent-rollouts=64
+python -m stalebound.config my.yaml --consumer-batch-size 16   # print the resolved config
+```
+
+* **Overrides** are `key.path=value`; the value is read as YAML (`8`, `true`, `null`, `[a, b]`,
+  `{k: v}`). Quote a value to keep it a string: `name='"8"'`.
+* **Flags** are `--key VALUE` or `--key=VALUE` for every key and alias below, with `-` for `_`
+  (`--max-head-offpolicyness 1000`, `--rollout.group-size 8`). `--config FILE` names a YAML file.
+* **Aliases**: the spellings of AReaL and PSRL configs (table at the end) are accepted in YAML files,
+  overrides and flags. Giving one key under two spellings with different values in the same file, or
+  in the same command line, is an error naming both. PSRL's two redundancy levels are spelled
+  `psrl.redundant_rollout.buffer_size` (entries per buffer, B′ → `rollout.buffer_size`) and
+  `psrl.redundant_rollout.rollout_n` (trajectories launched per group, N′ →
+  `rollout.group_redundancy`), after PSRL's own `rollout_n` for N.
+* **Errors**: every problem is reported at once, one per line, as `name=value: why; the fix`.
+  Types are checked strictly: `"abc"` is not an integer, `4.0` is not an integer (an integer is a
+  valid float), `null` is accepted only where the type says `or null`.
+
+Why dataclasses with our own validation rather than pydantic or OmegaConf's structured configs: the
+tree stays plain typed Python (mypy checks every use of a setting, and each field's docstring is its
+documentation, read into this page), the only runtime dependency is PyYAML for parsing, and the
+loader reports all problems at once with a fix for each instead of stopping at the first. Rules sit
+next to their fields (`bounds(...)` metadata, a `_validate` method for rules across fields), so a
+new section gets loading, validation, aliases, flags and this page without code of its own.
+
+## Keys
+
+"""
+
+
+def config_reference(base: type[Any] = StaleboundConfig) -> str:
+    """Markdown documentation of every key (path, type, default, docstring) and every alias."""
+    return _REFERENCE_HEAD + typedconfig.reference_tables(_schema(base))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m stalebound.config --reference`` prints the reference; otherwise the arguments
+    are loaded like ``stalebound train``'s and the resolved config is printed as YAML."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--reference"]:
+        sys.stdout.write(config_reference())
+        return 0
+    try:
+        paths, overrides = parse_cli_overrides(args)
+        config = load_config(paths, overrides)
+    except ConfigError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+    sys.stdout.write(dump_yaml(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from stalebound.core.errors import ConfigError, InvariantError, ProtocolError
 
@@ -60,8 +60,7 @@ class EntryState(enum.Enum):
     OCCUPIED = "occupied"
 
 
-@dataclass(frozen=True, slots=True)
-class Reservation:
+class Reservation(NamedTuple):
     """A successful Reserve: ``group_id`` generated at ``version``, held in ``buffer_version``."""
 
     group_id: Hashable
@@ -69,8 +68,7 @@ class Reservation:
     buffer_version: int
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumedGroup:
+class ConsumedGroup(NamedTuple):
     """A group handed to the trainer (or dropped): its id, its version V and its payload."""
 
     group_id: Hashable
@@ -305,8 +303,9 @@ class StalenessBuffer:
         """
         v = self._v
         V = v if version is None else self._check_version("try_reserve", version)
+        groups = self._groups
         try:
-            existing = self._groups.get(group_id)
+            existing = groups.get(group_id)
         except TypeError:
             raise ProtocolError(
                 f"try_reserve(group_id={group_id!r}): group ids must be hashable"
@@ -318,24 +317,37 @@ class StalenessBuffer:
             )
         b = V + self.staleness
         buffers = self._buffers
-        cap = self.buffer_size
-        while b >= v:
-            buf = buffers.get(b)
-            if buf is None:
-                buf = buffers[b] = _Buffer()
-                break
-            if len(buf.reserved) + len(buf.occupied) < cap:
-                break
-            b -= 1
-        else:
-            self._refused += 1
-            return None
+        buf = buffers.get(b)
+        if buf is None:
+            if b < v:
+                self._refused += 1
+                return None
+            buf = buffers[b] = _Buffer()
+        elif len(buf.reserved) + len(buf.occupied) >= self.buffer_size:
+            found = self._latest_with_room(b - 1)
+            if found is None:
+                self._refused += 1
+                return None
+            b, buf = found
         g = _Group(group_id, V, b)
         buf.reserved[group_id] = g
-        self._groups[group_id] = g
+        groups[group_id] = g
         self._nonempty += 1
         self._reserved_total += 1
         return Reservation(group_id, V, b)
+
+    def _latest_with_room(self, b: int) -> tuple[int, _Buffer] | None:
+        """The latest buffer at or below ``b`` (and ≥ v) with an EMPTY entry."""
+        buffers, cap = self._buffers, self.buffer_size
+        while b >= self._v:
+            buf = buffers.get(b)
+            if buf is None:
+                buf = buffers[b] = _Buffer()
+                return b, buf
+            if len(buf.reserved) + len(buf.occupied) < cap:
+                return b, buf
+            b -= 1
+        return None
 
     def occupy(
         self, group_id: Hashable, payload: Any = None, *, segment_versions: Iterable[int] = ()
@@ -347,7 +359,12 @@ class StalenessBuffer:
         entry. ``segment_versions`` are the versions that generated the group's segments or tokens;
         each must be ≥ the group's version and ≤ v.
         """
-        g = self._reserved_group("occupy", group_id)
+        try:
+            g = self._groups.get(group_id)
+        except TypeError:
+            g = None
+        if g is None or g.occupied:
+            g = self._reserved_group("occupy", group_id)  # raises the precise error
         v = self._v
         for sv in segment_versions:
             if not _is_int(sv) or sv < g.version or sv > v:
@@ -358,17 +375,26 @@ class StalenessBuffer:
                     "version, nor by one from the future"
                 )
         r = g.buffer
-        del self._buffers[r].reserved[group_id]
-        b = self._find_place(r)
-        if b is None:  # r itself has the entry we just released
-            raise InvariantError(f"occupy({group_id!r}): no place in [{v}, {r}]")
+        buffers = self._buffers
+        del buffers[r].reserved[group_id]
+        head = buffers.get(v)
+        if head is not None and (
+            len(head.occupied) < self.batch_size
+            and len(head.occupied) + len(head.reserved) < self.buffer_size
+        ):
+            b = v  # the common case: the head buffer still needs groups
+        else:
+            found = self._find_place(r)
+            if found is None:  # r itself has the entry we just released
+                raise InvariantError(f"occupy({group_id!r}): no place in [{v}, {r}]")
+            b = found
         seq = self._next_seq
         self._next_seq = seq + 1
         g.seq = seq
         g.payload = payload
         g.occupied = True
         g.buffer = b
-        self._buffers[b].occupied.append(g)  # the newest seq: the list stays in occupy order
+        buffers[b].occupied.append(g)  # the newest seq: the list stays in occupy order
         self._occupied_total += 1
         return b
 

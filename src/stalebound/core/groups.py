@@ -26,8 +26,7 @@ class MemberId(NamedTuple):
     number: int
 
 
-@dataclass(frozen=True, slots=True)
-class MemberResult:
+class MemberResult(NamedTuple):
     """A finished member: its id, its V_traj (version at its launch) and the driver's result."""
 
     member: MemberId

@@ -18,7 +18,7 @@ from collections import Counter, deque
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from stalebound.core.buffer import ConsumedBatch, ConsumedGroup, StalenessBuffer
 from stalebound.core.capacity import CapacityCounter
@@ -33,8 +33,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Admission:
+class Admission(NamedTuple):
     """A group may start: generate it with a policy of version ``version``."""
 
     group_id: Hashable

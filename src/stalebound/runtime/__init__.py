@@ -1,1 +1,22 @@
-"""stalebound.runtime."""
+"""The asyncio runtime: AReaL's ``StalenessManager`` and the ``WorkflowExecutor`` that drives a
+staleness policy with real rollout workflows."""
+
+from stalebound.runtime.executor import (
+    ExecutorStatistics,
+    RolloutError,
+    Trajectory,
+    WorkflowExecutor,
+    WorkflowProtocol,
+)
+from stalebound.runtime.staleness_manager import RolloutStat, StalenessManager, VersionProvider
+
+__all__ = [
+    "ExecutorStatistics",
+    "RolloutError",
+    "RolloutStat",
+    "StalenessManager",
+    "Trajectory",
+    "VersionProvider",
+    "WorkflowExecutor",
+    "WorkflowProtocol",
+]

@@ -1,23 +1,31 @@
-"""The proactive filter's decision, kept pure so it can move into the core unchanged.
+"""The proactive filter as the simulator drives it: the core's decision plus two driver guards.
 
 PSRL's proactive filter acts on a STUCK head buffer (every entry taken, fewer than B occupied, so
 the trainer cannot consume it) whose RESERVED entries are few: ``retry`` aborts those groups and
 re-dispatches their prompts (after pulling finished groups forward from later buffers into the
 freed entries); ``truncate`` force-completes them with their partial outputs.
 
-:func:`decide` looks only at plain values; the simulator gathers them from
-:class:`stalebound.core.StalenessBuffer` (``state``, ``reserved_groups``) and carries the action
-out with ``abort``, ``pull_forward`` and ``complete``.
+Which groups is the core's decision (:func:`stalebound.core.filters.proactive_filter_targets`).
+:func:`decide` adds what only a driver knows, both pure functions of plain values:
+
+* act only while the trainer is idle: a STUCK head the trainer is not waiting for costs nothing
+  yet, and its stragglers may still finish;
+* ``retry`` only when enough OCCUPIED groups sit in later buffers to fill the head once pulled
+  forward: retried prompts restart in the *latest* buffer, so without them a retry only throws the
+  stragglers' work away — and could repeat on every event.
+
+The simulator carries the action out with ``abort``, ``pull_forward`` and ``complete``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass
 
-from stalebound.core import BufferState, ConfigError
+from stalebound.core import ConfigError, EntryState, StalenessBuffer
+from stalebound.core.filters import proactive_filter_targets
 
-__all__ = ["METHODS", "FilterAction", "decide"]
+__all__ = ["METHODS", "FilterAction", "decide", "retry_can_fill_head"]
 
 METHODS = ("retry", "truncate")
 
@@ -30,35 +38,32 @@ class FilterAction:
     groups: tuple[Hashable, ...]
 
 
+def retry_can_fill_head(buf: StalenessBuffer) -> bool:
+    """Whether pulling forward could give the head buffer B occupied groups once its RESERVED
+    entries are aborted: OCCUPIED groups in later buffers ≥ B − OCCUPIED in the head."""
+    v = buf.version
+    missing = buf.batch_size - buf.entries(v)[EntryState.OCCUPIED]
+    later = sum(buf.entries(b)[EntryState.OCCUPIED] for b in range(v + 1, v + buf.staleness + 1))
+    return later >= missing
+
+
 def decide(
     method: str,
-    head_state: BufferState,
-    reserved: Sequence[Hashable],
+    buf: StalenessBuffer,
     *,
     threshold: int,
     stuck_for: float,
     stuck_time: float = 0.0,
     trainer_idle: bool = True,
-    missing: int = 0,
-    pullable: int = 0,
 ) -> FilterAction | None:
-    """What the proactive filter does now, or ``None`` to wait.
-
-    Acts only when the head buffer is STUCK, holds between 1 and ``threshold`` RESERVED groups,
-    has been STUCK for at least ``stuck_time`` seconds, and the trainer is idle (a STUCK head that
-    the trainer is not waiting for costs nothing yet, and the stragglers may still finish).
-
-    ``retry`` additionally needs ``pullable`` (OCCUPIED groups in later buffers) ≥ ``missing``
-    (B minus the head's OCCUPIED count): the retried prompts restart in the latest buffers, so
-    only groups pulled forward can make the head READY; retrying without them would only waste
-    the stragglers' work and could repeat forever.
-    """
+    """What the proactive filter does now, or ``None`` to wait (see the module docstring)."""
     if method not in METHODS:
         raise ConfigError(f"method={method!r}: use one of {', '.join(METHODS)}")
-    if head_state is not BufferState.STUCK or not trainer_idle:
+    if not trainer_idle:
         return None
-    if not 0 < len(reserved) <= threshold or stuck_for < stuck_time:
+    targets = proactive_filter_targets(
+        buf, threshold, stuck_for=stuck_for, stuck_timeout_s=stuck_time or None
+    )
+    if not targets or (method == "retry" and not retry_can_fill_head(buf)):
         return None
-    if method == "retry" and pullable < missing:
-        return None
-    return FilterAction(method, tuple(reserved))
+    return FilterAction(method, targets)

@@ -30,7 +30,6 @@ from stalebound.core import (
     CapacityPolicy,
     ConfigError,
     ConsumedBatch,
-    EntryState,
     GroupComplete,
     GroupFailed,
     GroupTracker,
@@ -706,27 +705,18 @@ class Simulation:
         if self.training:
             return  # the decision needs an idle trainer; skip gathering its inputs
         v = buf.version
-        state = buf.state(v)
-        if state is not BufferState.STUCK:
+        if buf.state(v) is not BufferState.STUCK:
             return
         now = self.queue.now
         p = self.cfg.proactive
         stuck_for = now - self._head_since if self._head is BufferState.STUCK else 0.0
-        missing = pullable = 0
-        if self.spec.filter == "retry":
-            missing = buf.batch_size - buf.entries(v)[EntryState.OCCUPIED]
-            top = v + buf.staleness
-            pullable = sum(buf.entries(b)[EntryState.OCCUPIED] for b in range(v + 1, top + 1))
         action = proactive.decide(
             self.spec.filter,
-            state,
-            buf.reserved_groups(v),
+            buf,
             threshold=p.threshold,
             stuck_for=stuck_for,
             stuck_time=p.stuck_time,
             trainer_idle=not self.training,
-            missing=missing,
-            pullable=pullable,
         )
         if action is None:
             if p.stuck_time > stuck_for and not self._check_pending:

@@ -1,0 +1,168 @@
+"""Filters: pure decisions about which groups to drop, retry or truncate.
+
+* Group post-processors run when a group completes and may drop it (its entry returns to EMPTY,
+  counted as ``filtered``). The built-in ``dynamic_sampling_filter`` drops groups whose members all
+  scored the same: their GRPO advantages are all zero, so they carry no learning signal (DAPO).
+  Users register their own with :func:`register_group_post_process`.
+* The proactive filter watches the head buffer: when it is STUCK on at most ``threshold`` RESERVED
+  groups (optionally for at least ``stuck_timeout_s``), :func:`proactive_filter_targets` names them;
+  the driver then retries them (abort, pull finished groups forward, re-dispatch the prompts) or
+  truncates them (force-complete with their partial outputs).
+
+Times are plain floats handed in by the driver, so the decisions stay pure and replayable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stalebound.core.buffer import BufferState, StalenessBuffer
+from stalebound.core.errors import ConfigError
+
+__all__ = [
+    "METRICS",
+    "GroupPostProcess",
+    "PostProcessDecision",
+    "StuckTimer",
+    "dynamic_sampling_filter",
+    "get_group_post_process",
+    "group_post_processes",
+    "member_metric",
+    "proactive_filter_targets",
+    "register_group_post_process",
+]
+
+METRICS = ("score", "acc", "seq_reward", "seq_final_reward")
+"""The per-trajectory metrics the dynamic sampling filter understands by name."""
+
+Metric = str | Callable[[Any], float]
+
+
+@dataclass(frozen=True, slots=True)
+class PostProcessDecision:
+    """``keep=False`` drops the group; ``reason`` says why (logged and counted)."""
+
+    keep: bool
+    reason: str = ""
+
+
+GroupPostProcess = Callable[[Sequence[Any], Metric], PostProcessDecision]
+"""A post-processor gets the group's member trajectories and the configured metric."""
+
+_REGISTRY: dict[str, GroupPostProcess] = {}
+
+
+def register_group_post_process(
+    name: str,
+) -> Callable[[GroupPostProcess], GroupPostProcess]:
+    """Register a group post-processor under ``name`` (decorator)."""
+
+    def add(fn: GroupPostProcess) -> GroupPostProcess:
+        if name in _REGISTRY and _REGISTRY[name] is not fn:
+            raise ConfigError(
+                f"group_post_process.name={name!r}: a post-processor of that name is already "
+                "registered; choose another name"
+            )
+        _REGISTRY[name] = fn
+        return fn
+
+    return add
+
+
+def get_group_post_process(name: str) -> GroupPostProcess:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY)) or "none"
+        raise ConfigError(
+            f"group_post_process.name={name!r}: no such post-processor (registered: {known}); "
+            "register yours with stalebound.core.filters.register_group_post_process"
+        ) from None
+
+
+def group_post_processes() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+def member_metric(member: Any, metric: Metric) -> float:
+    """The value of ``metric`` for one trajectory (a mapping, or an object with attributes)."""
+    if callable(metric):
+        return float(metric(member))
+    if isinstance(member, Mapping):
+        value = member.get(metric)
+        if value is None and isinstance(member.get("metrics"), Mapping):
+            value = member["metrics"].get(metric)
+    else:
+        value = getattr(member, metric, None)
+        if value is None:
+            value = (getattr(member, "metrics", None) or {}).get(metric)
+    if value is None:
+        raise ConfigError(
+            f"filter_groups.metric={metric!r}: a trajectory has no such metric; use one the task "
+            f"reports ({', '.join(METRICS)}) or a callable"
+        )
+    return float(value)
+
+
+@register_group_post_process("dynamic_sampling_filter")
+def dynamic_sampling_filter(
+    members: Sequence[Any], metric: Metric = "score"
+) -> PostProcessDecision:
+    """Drop the group when the standard deviation of ``metric`` over its members is 0."""
+    values = [member_metric(m, metric) for m in members]
+    if len(values) < 2:
+        return PostProcessDecision(True)
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((x - mean) ** 2 for x in values) / len(values))
+    if std == 0.0:
+        name = metric if isinstance(metric, str) else getattr(metric, "__name__", "metric")
+        return PostProcessDecision(False, f"zero variance: every {name} = {mean:g}")
+    return PostProcessDecision(True)
+
+
+class StuckTimer:
+    """How long each buffer has been STUCK, from driver-supplied timestamps."""
+
+    def __init__(self) -> None:
+        self._since: dict[int, float] = {}
+        self.total_stuck_s: dict[int, float] = {}
+
+    def observe(self, buf: StalenessBuffer, now: float) -> float:
+        """Record the head buffer's state at ``now``; returns how long it has been STUCK (0 if not)."""
+        v = buf.version
+        for bv in [b for b in self._since if b < v]:  # consumed since: close their intervals
+            self.total_stuck_s[bv] = self.total_stuck_s.get(bv, 0.0) + now - self._since.pop(bv)
+        if buf.state(v) is BufferState.STUCK:
+            since = self._since.setdefault(v, now)
+            return now - since
+        if v in self._since:
+            self.total_stuck_s[v] = self.total_stuck_s.get(v, 0.0) + now - self._since.pop(v)
+        return 0.0
+
+    def stuck_seconds(self, now: float) -> float:
+        """Total STUCK time so far, the open interval included."""
+        return sum(self.total_stuck_s.values()) + sum(now - t for t in self._since.values())
+
+
+def proactive_filter_targets(
+    buf: StalenessBuffer,
+    threshold: int,
+    *,
+    stuck_for: float = 0.0,
+    stuck_timeout_s: float | None = None,
+) -> tuple[Hashable, ...]:
+    """The RESERVED groups of a STUCK head buffer to retry or truncate, or ``()``.
+
+    Acts when the head buffer is STUCK with at most ``threshold`` RESERVED entries and, if a
+    timeout is set, has been STUCK for at least ``stuck_timeout_s``.
+    """
+    v = buf.version
+    if buf.state(v) is not BufferState.STUCK:
+        return ()
+    if stuck_timeout_s is not None and stuck_for < stuck_timeout_s:
+        return ()
+    reserved = buf.reserved_groups(v)
+    return reserved if len(reserved) <= threshold else ()

@@ -1,0 +1,342 @@
+"""The typed input surface of the observability layer and the run directory's file formats.
+
+A training loop hands the observability layer plain numbers: step metrics as a flat
+``Mapping[str, float]``, the staleness of what it trained as integers, and the staleness buffers as
+:class:`BufferRow` values (:func:`buffer_rows` builds them from a :class:`StalenessBuffer`).
+
+A run directory holds, one JSON object per line:
+
+* ``metrics.jsonl`` — one record per training step: ``step``, ``version``, ``wall_time`` (seconds
+  since the run started, continued across resumes), ``timestamp`` (Unix time) and the step's flat
+  numeric metrics. A non-finite value (NaN, ±inf) is written as ``null`` so that every line is
+  standard JSON.
+* ``staleness.jsonl`` — per step, ``{"step", "version", "counts": {"<staleness>": n, ...}}``: how
+  many trained items (trajectories or tokens, as the caller counts them) had each staleness.
+* ``buffers.jsonl`` — buffer samples: ``{"wall_time", "timestamp", "version", "buffers": [row, ...]}``
+  with one row per buffer in the window (see :class:`BufferRow`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stalebound.core import EntryState, ProtocolError
+
+if TYPE_CHECKING:
+    from stalebound.core import StalenessBuffer
+
+__all__ = [
+    "BUFFERS_FILE",
+    "METRICS_FILE",
+    "RESERVED_KEYS",
+    "STALENESS_FILE",
+    "BufferRow",
+    "BufferSample",
+    "MetricSummary",
+    "RunData",
+    "RunSummary",
+    "StalenessHistogram",
+    "StepMetrics",
+    "buffer_rows",
+    "load_run",
+    "read_jsonl",
+    "summarize",
+]
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+STALENESS_FILE = "staleness.jsonl"
+BUFFERS_FILE = "buffers.jsonl"
+
+StepMetrics = Mapping[str, float]
+"""One training step's metrics: flat names to numbers (``reward_mean``, ``clip_frac``, ...)."""
+
+RESERVED_KEYS = frozenset({"step", "version", "wall_time", "timestamp"})
+"""Record fields the logger fills in itself; step metrics may not use these names."""
+
+STATE_NAMES = ("PENDING", "STUCK", "READY_WITH_CAPACITY", "READY")
+
+
+@dataclass(frozen=True, slots=True)
+class BufferRow:
+    """One staleness buffer at one moment: its version, entry counts by state and its state name.
+
+    ``state`` is a :class:`~stalebound.core.BufferState` member name (``PENDING``, ``STUCK``,
+    ``READY_WITH_CAPACITY`` or ``READY``).
+    """
+
+    version: int
+    occupied: int
+    reserved: int
+    empty: int
+    state: str
+
+    @property
+    def size(self) -> int:
+        """Entries in the buffer (B′)."""
+        return self.occupied + self.reserved + self.empty
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "occupied": self.occupied,
+            "reserved": self.reserved,
+            "empty": self.empty,
+            "state": self.state,
+        }
+
+    @classmethod
+    def from_json(cls, item: Mapping[str, Any]) -> BufferRow:
+        return cls(
+            version=int(item["version"]),
+            occupied=int(item["occupied"]),
+            reserved=int(item["reserved"]),
+            empty=int(item["empty"]),
+            state=str(item["state"]),
+        )
+
+
+def buffer_rows(buf: StalenessBuffer) -> list[BufferRow]:
+    """The rows of every buffer in ``buf``'s window ``v … v + η``, head buffer first."""
+    rows = []
+    for bv in range(buf.version, buf.version + buf.staleness + 1):
+        counts = buf.entries(bv)
+        rows.append(
+            BufferRow(
+                version=bv,
+                occupied=counts[EntryState.OCCUPIED],
+                reserved=counts[EntryState.RESERVED],
+                empty=counts[EntryState.EMPTY],
+                state=buf.state(bv).name,
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSample:
+    """A sample of the buffers: when it was taken, the training version and the rows."""
+
+    wall_time: float
+    version: int
+    rows: tuple[BufferRow, ...]
+
+    @property
+    def head(self) -> BufferRow | None:
+        """The row of buffer ``version`` (the one trained next), if it was sampled."""
+        for row in self.rows:
+            if row.version == self.version:
+                return row
+        return None
+
+
+class StalenessHistogram:
+    """Counts of trained items by staleness (trained version − generating version).
+
+    >>> h = StalenessHistogram()
+    >>> h.add([0, 1, 1])
+    >>> h.add({2: 1})
+    >>> h.counts, h.total, h.max
+    ({0: 1, 1: 2, 2: 1}, 4, 2)
+    """
+
+    def __init__(self, counts: Mapping[int, int] | None = None) -> None:
+        self._counts: Counter[int] = Counter()
+        if counts:
+            self.add(counts)
+
+    def add(self, values: Iterable[int] | Mapping[int, int]) -> None:
+        """Add items: an iterable of staleness values, or a mapping staleness → count."""
+        # Count first, then check each distinct value once: a step may train thousands of items.
+        pairs = values.items() if isinstance(values, Mapping) else Counter(values).items()
+        update: Counter[int] = Counter()
+        for staleness, count in pairs:
+            if not _is_int(staleness) or staleness < 0:
+                raise ProtocolError(
+                    f"staleness {staleness!r}: staleness values are ints ≥ 0 (trained version "
+                    "minus generating version); pass the per-item staleness"
+                )
+            if not _is_int(count) or count < 0:
+                raise ProtocolError(
+                    f"staleness {staleness}: count {count!r} must be an int ≥ 0; pass how many "
+                    "items had this staleness"
+                )
+            if count:
+                update[int(staleness)] += int(count)
+        self._counts.update(update)
+
+    @property
+    def counts(self) -> dict[int, int]:
+        """Staleness → count, in increasing staleness."""
+        return dict(sorted(self._counts.items()))
+
+    @property
+    def total(self) -> int:
+        return sum(self._counts.values())
+
+    @property
+    def mean(self) -> float | None:
+        total = self.total
+        return sum(k * n for k, n in self._counts.items()) / total if total else None
+
+    @property
+    def max(self) -> int | None:
+        return max(self._counts) if self._counts else None
+
+    def __bool__(self) -> bool:
+        return bool(self._counts)
+
+    def __repr__(self) -> str:
+        return f"StalenessHistogram({self.counts!r})"
+
+
+@dataclass(frozen=True)
+class MetricSummary:
+    """First, last, minimum, maximum and mean of one metric over a run (finite values only)."""
+
+    first: float
+    last: float
+    min: float
+    max: float
+    mean: float
+    count: int
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run did, from its run directory: the basis of the end-of-run summary table."""
+
+    steps: int
+    """Step records logged."""
+    last_step: int | None
+    last_version: int | None
+    wall_time: float
+    """Seconds from the start of the run to its last record."""
+    metrics: Mapping[str, MetricSummary]
+    staleness: Mapping[int, int] = field(default_factory=dict)
+    """Trained items by staleness, summed over the run."""
+
+
+@dataclass(frozen=True)
+class RunData:
+    """The parsed contents of a run directory."""
+
+    steps: tuple[Mapping[str, Any], ...]
+    staleness: tuple[Mapping[str, Any], ...]
+    buffers: tuple[BufferSample, ...]
+
+    def series(self, key: str) -> tuple[list[int], list[float], list[float]]:
+        """``(steps, wall_times, values)`` of one metric, leaving out steps where it is absent or null."""
+        steps, times, values = [], [], []
+        for rec in self.steps:
+            value = rec.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                steps.append(int(rec["step"]))
+                times.append(float(rec["wall_time"]))
+                values.append(float(value))
+        return steps, times, values
+
+    def staleness_histogram(self) -> StalenessHistogram:
+        hist = StalenessHistogram()
+        for rec in self.staleness:
+            hist.add({int(k): int(n) for k, n in rec["counts"].items()})
+        return hist
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a JSON-lines file; a missing file has none. An unfinished last line (a
+    crash mid-write) is skipped with a warning; a malformed line elsewhere is a ``ProtocolError``."""
+    if not path.exists():
+        return
+    with path.open("r", encoding="utf-8") as fh:
+        lines = fh.read().split("\n")
+    # A file written completely ends with "\n", so the last element is "" or an unfinished line.
+    tail = lines.pop()
+    if tail.strip():
+        log.warning("%s: skipping an unfinished last line (%d characters)", path, len(tail))
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ProtocolError(
+                f"{path}:{number}: not a JSON object ({exc}); the file is damaged, remove or repair "
+                "that line"
+            ) from None
+        if not isinstance(record, dict):
+            raise ProtocolError(f"{path}:{number}: expected a JSON object, got {line[:40]!r}")
+        yield record
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read a run directory's metrics, staleness counts and buffer samples."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise ProtocolError(
+            f"run directory {str(root)!r} does not exist; pass the directory a run wrote"
+        )
+    samples = tuple(
+        BufferSample(
+            wall_time=float(rec["wall_time"]),
+            version=int(rec["version"]),
+            rows=tuple(BufferRow.from_json(r) for r in rec["buffers"]),
+        )
+        for rec in read_jsonl(root / BUFFERS_FILE)
+    )
+    return RunData(
+        steps=tuple(read_jsonl(root / METRICS_FILE)),
+        staleness=tuple(read_jsonl(root / STALENESS_FILE)),
+        buffers=samples,
+    )
+
+
+def summarize(data: RunData | str | Path) -> RunSummary:
+    """The summary of a run (its :class:`RunData` or its directory)."""
+    if not isinstance(data, RunData):
+        data = load_run(data)
+    values: dict[str, list[float]] = {}
+    for rec in data.steps:
+        for key, value in rec.items():
+            if key in RESERVED_KEYS or isinstance(value, bool):
+                continue
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                values.setdefault(key, []).append(float(value))
+    metrics = {
+        key: MetricSummary(
+            first=vals[0],
+            last=vals[-1],
+            min=min(vals),
+            max=max(vals),
+            mean=sum(vals) / len(vals),
+            count=len(vals),
+        )
+        for key, vals in values.items()
+    }
+    last = data.steps[-1] if data.steps else None
+    times = [float(r["wall_time"]) for r in data.steps] + [s.wall_time for s in data.buffers]
+    return RunSummary(
+        steps=len(data.steps),
+        last_step=int(last["step"]) if last else None,
+        last_version=int(last["version"]) if last and last.get("version") is not None else None,
+        wall_time=max(times, default=0.0),
+        metrics=metrics,
+        staleness=data.staleness_histogram().counts,
+    )
+
+
+def _is_int(value: object) -> bool:
+    # numbers.Integral admits numpy's integer scalars, which callers often hold; the exact-type
+    # test first skips the slower abstract-class check for plain ints.
+    return type(value) is int or (
+        isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    )

@@ -1,0 +1,1219 @@
+"""The workflow executor: runs rollout workflows on an asyncio loop, admitted by a staleness policy.
+
+:class:`WorkflowExecutor` has AReaL's surface (``initialize``, ``submit``, ``wait``,
+``collect_results``, ``rollout_batch``, ``prepare_batch``, ``pause``, ``resume``, ``destroy``,
+``get_capacity``) over either staleness policy of :mod:`stalebound.core.policy`:
+
+* ``staleness_policy: buffer`` (default) — PSRL's staleness buffer. Every trained trajectory is at
+  most η versions staler than the batch it is trained in, whatever order rollouts finish in.
+* ``staleness_policy: capacity`` — AReaL's count-based admission, results consumed first-in,
+  first-out by completion. The bound holds in aggregate only; ``reject_stale_results`` drops
+  results already staler than η (counted as wasted).
+
+How it runs. One event loop in a background thread owns every piece of state: the policy, the
+:class:`~stalebound.core.GroupTracker`, the running tasks. Public methods called from other threads
+hop onto that loop (``call_soon_threadsafe``), so the core is only ever touched by one thread; in
+the capacity policy the counters are also guarded by the
+:class:`~stalebound.runtime.StalenessManager`'s lock, since users may read them from any thread.
+
+Each submitted item is one *group*: the policy admits it at version ``V = min(engine version,
+training version)``; the executor launches N′ members (``workflow.arun_episode(engine, data)``
+once per member, each returning one trajectory, ``None`` meaning rejected); at N finished members
+the group is complete, the surplus members are cancelled, and the group goes to the policy. The
+trainer takes batches with :meth:`~WorkflowExecutor.wait` / :meth:`~WorkflowExecutor.prepare_batch`;
+taking a batch *consumes* it, which advances the training version. The trainer then publishes new
+weights and calls :meth:`~WorkflowExecutor.set_version`.
+
+The dispatcher is a task that sleeps on an :class:`asyncio.Event` and is woken by whatever can
+open capacity: a submission, a completion or failure, a consumed batch, ``set_version``,
+``resume``. It never polls.
+
+Cancellation (surplus members, timeouts, ``destroy``) is delivered as :class:`asyncio.CancelledError`
+at the workflow's pending ``await``; stalebound's engines abort the request on the engine when
+their ``agenerate`` is cancelled. Workflows that hold other resources must release them on
+cancellation too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import itertools
+import logging
+import threading
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
+
+from stalebound.config import RolloutConfig
+from stalebound.core import (
+    BufferPolicy,
+    CapacityPolicy,
+    ConfigError,
+    GroupComplete,
+    GroupTracker,
+    MemberId,
+    MemberResult,
+    PolicyStatistics,
+    ProtocolError,
+    Relaunch,
+    RolloutStat,
+    StaleboundError,
+    StalenessBuffer,
+    StalenessPolicy,
+)
+from stalebound.runtime.staleness_manager import StalenessManager
+
+__all__ = [
+    "ExecutorStatistics",
+    "RolloutError",
+    "Trajectory",
+    "WorkflowExecutor",
+    "WorkflowProtocol",
+]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_RECENT_FAILURES = 8
+
+
+class WorkflowProtocol(Protocol):
+    """A rollout workflow: one call generates one trajectory (``None`` rejects it)."""
+
+    async def arun_episode(self, engine: Any, data: Any) -> Any: ...
+
+
+ShouldAccept = Callable[[list[Any]], bool]
+"""Called with a completed group's trajectories (the workflows' return values, in finish order);
+``False`` discards the group (counted as ``filtered_groups``)."""
+
+
+class RolloutError(StaleboundError, RuntimeError):
+    """The executor stopped: too many groups failed in a row, or it could not go on."""
+
+
+class Trajectory(NamedTuple):
+    """One trained trajectory and where it stands in versions (an immutable record).
+
+    ``staleness = consumed_version − version``; under the buffer policy it is never more than η.
+    A named tuple rather than a frozen dataclass: one is built per trained trajectory, and this
+    is several times cheaper to build.
+    """
+
+    data: Any
+    """What the workflow returned."""
+    group_id: int
+    member: int
+    """The member's launch index within its group."""
+    version: int
+    """V_traj: the policy version when its generation started."""
+    consumed_version: int
+    """The training version of the batch it was handed out in."""
+    staleness: int
+    token_versions: tuple[int, ...] | None = None
+    """Per-token policy versions as the engine reported them (``token_versions`` or AReaL's
+    ``versions``, key or attribute); ``None`` when it reported none."""
+
+
+@dataclass(frozen=True)
+class ExecutorStatistics:
+    """A frozen snapshot of the executor's counters and its policy's statistics."""
+
+    policy: PolicyStatistics
+    manager: RolloutStat | None
+    """The :class:`StalenessManager`'s counters, when there is one."""
+    version: int
+    """The training version: the next batch handed out is consumed at this version."""
+    generation_version: int
+    """The version new groups are admitted at: ``min(engine version, version)``."""
+    paused: bool
+    stopped: str | None
+    """Why the executor stopped, or ``None`` while it runs."""
+    queued: int
+    """Submitted items waiting for admission."""
+    submitted: int
+    dispatched_groups: int
+    running_groups: int
+    running_members: int
+    launched_members: int
+    finished_members: int
+    member_failures: Mapping[str, int]
+    """Failed member episodes by cause: ``timeout``, ``rejected`` (returned ``None``),
+    ``cancelled``, ``error:<ExceptionType>``."""
+    cancelled_members: Mapping[str, int]
+    """Members cancelled on purpose, by cause: ``surplus``, ``shutdown``, ``stopped``."""
+    relaunched_members: int
+    completed_groups: int
+    failed_groups: int
+    filtered_groups: int
+    """Groups discarded by ``should_accept_fn``."""
+    dropped_groups: int
+    """Completed groups the policy discarded (no admissible place, or staler than η)."""
+    surplus_groups: int
+    """Reservations aborted when their buffer was consumed (batch-level redundancy)."""
+    consumed_batches: int
+    consumed_groups: int
+    consumed_trajectories: int
+    waiting_groups: int
+    """Consumed groups not yet handed out (a ``wait`` smaller than the batch leaves some)."""
+    consecutive_failures: int
+    dispatch_wakeups: int
+    """How often the dispatcher woke up: once per burst of events, never on a timer."""
+
+
+@dataclass(frozen=True)
+class _Settings:
+    policy: str
+    eta: int
+    batch_size: int
+    buffer_size: int
+    group_size: int
+    group_redundancy: int
+    max_concurrent: int
+    queue_size: int
+    request_timeout: float | None
+    max_failures: int
+    drop_stale: bool
+
+
+def _per_rank(name: str, value: object, dp: int, problems: list[str]) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        problems.append(f"rollout.{name}={value!r}: must be an integer ≥ 1")
+        return 1
+    if value % dp:
+        problems.append(
+            f"rollout.{name}={value}: not divisible by train_data_parallel_size={dp}; each data-"
+            f"parallel rank gets an equal share, so choose a multiple of {dp}"
+        )
+        return max(1, value // dp)
+    return value // dp
+
+
+def _resolve(config: RolloutConfig, dp: int) -> _Settings:
+    """The per-rank settings; every problem is reported at once."""
+    problems: list[str] = []
+    if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
+        raise ConfigError(
+            f"train_data_parallel_size={dp!r}: must be an integer ≥ 1 (1 without data parallelism)"
+        )
+    if config.staleness_policy not in ("buffer", "capacity"):
+        problems.append(
+            f"rollout.staleness_policy={config.staleness_policy!r}: must be 'buffer' (per-"
+            "trajectory bound) or 'capacity' (AReaL's aggregate bound)"
+        )
+    eta = config.max_head_offpolicyness
+    if not isinstance(eta, int) or isinstance(eta, bool) or eta < 0:
+        problems.append(f"rollout.max_head_offpolicyness={eta!r}: must be an integer ≥ 0")
+        eta = 0
+    batch = _per_rank("consumer_batch_size", config.consumer_batch_size, dp, problems)
+    buffer_size = (
+        batch
+        if config.buffer_size is None
+        else _per_rank("buffer_size", config.buffer_size, dp, problems)
+    )
+    concurrent = (
+        (eta + 1) * buffer_size
+        if config.max_concurrent_rollouts is None
+        else _per_rank("max_concurrent_rollouts", config.max_concurrent_rollouts, dp, problems)
+    )
+    queue = 16 * concurrent if config.queue_size is None else config.queue_size
+    if not isinstance(queue, int) or isinstance(queue, bool) or queue < 1:
+        problems.append(f"rollout.queue_size={queue!r}: must be an integer ≥ 1, or None")
+    timeout = config.request_timeout
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        problems.append(
+            f"rollout.request_timeout={timeout!r}: must be a number of seconds > 0 (or a very "
+            "large one to never time out)"
+        )
+    k = config.max_consecutive_failures
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        problems.append(f"rollout.max_consecutive_failures={k!r}: must be an integer ≥ 1")
+    n = config.group_size
+    redundancy = n if config.group_redundancy is None else config.group_redundancy
+    if problems:
+        raise ConfigError(problems)
+    return _Settings(
+        policy=config.staleness_policy,
+        eta=eta,
+        batch_size=batch,
+        buffer_size=buffer_size,
+        group_size=n,
+        group_redundancy=redundancy,
+        max_concurrent=concurrent,
+        queue_size=queue,
+        request_timeout=None if timeout is None or timeout == float("inf") else float(timeout),
+        max_failures=k,
+        drop_stale=config.reject_stale_results,
+    )
+
+
+def _token_versions(result: Any) -> tuple[int, ...] | None:
+    """Per-token versions from a trajectory: key or attribute ``token_versions`` or ``versions``."""
+    if isinstance(result, (dict, Mapping)):  # dict first: the ABC check is slow
+        tv = result.get("token_versions")
+        if tv is None:
+            tv = result.get("versions")
+    else:
+        tv = getattr(result, "token_versions", None)
+        if tv is None:
+            tv = getattr(result, "versions", None)
+    if tv is None:
+        return None
+    if hasattr(tv, "tolist"):  # a tensor or an array, possibly [1, seqlen]
+        tv = tv.tolist()
+    if tv and isinstance(tv[0], list | tuple):  # one row per sequence: flatten
+        return tuple(int(x) for row in tv for x in row)
+    return tuple(tv)
+
+
+class _Group:
+    __slots__ = ("deadlines", "gid", "item", "members")
+
+    def __init__(self, gid: int, item: _Item) -> None:
+        self.gid = gid
+        self.item = item
+        self.members: dict[int, _Member] = {}
+        self.deadlines: list[int] = []  # the timeout buckets it is in
+
+
+class _Member:
+    __slots__ = ("cause", "deadline", "episode", "group", "mid", "started", "task", "version")
+
+    def __init__(self, group: _Group, mid: MemberId, version: int) -> None:
+        self.group = group
+        self.mid = mid
+        self.version = version
+        self.episode: Any = None  # what arun_episode returned (a coroutine)
+        self.started = False
+        self.task: asyncio.Task[Any] | None = None
+        self.deadline = 0  # its timeout bucket
+        self.cause: str | None = None  # set when we cancel it on purpose
+
+
+class _Deadlines:
+    """Episode timeouts, bucketed: one loop timer per ``timeout / 64`` seconds, not per episode.
+
+    A member expires at most one bucket (≈1.6 % of the timeout) after its own deadline. Buckets
+    hold groups, not members: members launched together share a bucket, so the per-episode cost
+    is one integer. A group leaves its buckets when it settles, so memory stays proportional to
+    the running groups.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        timeout: float,
+        expire: Callable[[_Member], None],
+    ) -> None:
+        self.loop = loop
+        self.expire = expire
+        self.timeout = timeout
+        self.resolution = max(timeout / 64, 0.001)
+        self.buckets: dict[int, set[_Group]] = {}
+
+    def key(self) -> int:
+        """The bucket of an episode starting now: it fires at or after the episode's deadline."""
+        return int((self.loop.time() + self.timeout) / self.resolution) + 1
+
+    def watch(self, group: _Group, key: int) -> None:
+        if key in group.deadlines:
+            return
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            bucket = self.buckets[key] = set()
+            self.loop.call_at(key * self.resolution, self._fire, key)
+        bucket.add(group)
+        group.deadlines.append(key)
+
+    def forget(self, group: _Group) -> None:
+        for key in group.deadlines:
+            bucket = self.buckets.get(key)
+            if bucket is not None:
+                bucket.discard(group)
+
+    def _fire(self, key: int) -> None:
+        for group in list(self.buckets.pop(key, ())):
+            group.deadlines.remove(key)
+            # lists: expiring one member may settle the group and cancel the others
+            for m in list(group.members.values()):
+                if m.deadline <= key and m.cause is None:
+                    self.expire(m)
+
+
+_Item = tuple[Any, WorkflowProtocol, ShouldAccept | None]
+_Payload = tuple[tuple[MemberResult, tuple[int, ...] | None], ...]
+
+
+class _Source:
+    """An endless stream of items from a data loader (``prepare_batch``), epoch after epoch."""
+
+    def __init__(
+        self, dataloader: Iterable[Any], workflow: WorkflowProtocol, accept: ShouldAccept | None
+    ) -> None:
+        self.dataloader = dataloader
+        self.workflow = workflow
+        self.accept = accept
+        self._items = self._cycle()
+
+    def _cycle(self) -> Iterator[Any]:
+        while True:
+            empty = True
+            for batch in self.dataloader:
+                # AReaL's loaders yield lists of items; a bare item is one item.
+                if isinstance(batch, list | tuple):
+                    for item in batch:
+                        empty = False
+                        yield item
+                else:
+                    empty = False
+                    yield batch
+            if empty:
+                raise ConfigError(
+                    f"prepare_batch(dataloader={self.dataloader!r}): the data loader yielded no "
+                    "items; pass a non-empty, re-iterable data loader"
+                )
+
+    def next_item(self) -> _Item:
+        return (next(self._items), self.workflow, self.accept)
+
+
+class WorkflowExecutor:
+    """Runs rollout workflows concurrently, admitted and batched by a staleness policy.
+
+    ``inference_engine`` is passed to every ``arun_episode`` call; its ``get_version()`` (when it
+    has one) is the version new groups are generated with — it is called on the loop thread at
+    every dispatch, so it must be cheap and must not block — and ``set_version(v)`` (when it has
+    one) is forwarded from :meth:`set_version`. New groups start at ``min(engine version,
+    training version)``: the trainer must call :meth:`set_version` after publishing weights, or
+    admission stops once the engine lags the training version by more than η. ``staleness_manager`` replaces the one built from
+    ``config`` (AReaL's custom-manager hook): with the capacity policy its counters and limits are
+    the policy's; with the buffer policy it is an extra admission gate, driven through its
+    lifecycle callbacks.
+
+    Call :meth:`initialize` first and :meth:`destroy` at the end (or use ``with``).
+    """
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        inference_engine: Any,
+        staleness_manager: StalenessManager | None = None,
+    ) -> None:
+        self.config = config
+        self.inference_engine = inference_engine
+        self.staleness_manager: StalenessManager | None = staleness_manager
+        self._custom_manager = staleness_manager is not None
+        getter = getattr(inference_engine, "get_version", None)
+        self._engine_version: Callable[[], int] | None = getter if callable(getter) else None
+        setter = getattr(inference_engine, "set_version", None)
+        self._engine_set_version: Callable[[int], Any] | None = setter if callable(setter) else None
+        self._published = 0
+        self._settings: _Settings | None = None
+        self._policy: StalenessPolicy | None = None
+        self._tracker: GroupTracker | None = None
+        self._guard: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        self._drive_manager = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._loop_tid: int | None = None
+        self._closed = False
+        # Touched by the loop thread only, except the inbox (a deque: appends from any thread).
+        self._inbox: deque[_Item] = deque()
+        self._source: _Source | None = None
+        self._groups: dict[int, _Group] = {}
+        self._output: deque[tuple[Trajectory, ...]] = deque()
+        self._waiters: list[asyncio.Future[None]] = []
+        self._wake: asyncio.Event | None = None
+        self._deadlines: _Deadlines | None = None
+        self._kick_pending = False
+        self._paused = False
+        self._stopped: RolloutError | None = None
+        self._source_error: Exception | None = None
+        self._ids = itertools.count()
+        self._recent: deque[str] = deque(maxlen=_RECENT_FAILURES)
+        self._member_failures: Counter[str] = Counter()
+        self._cancelled: Counter[str] = Counter()
+        self._n = Counter[str]()  # plain event counters, named as in ExecutorStatistics
+        self._running_members = 0
+        self._launched = 0  # hot counters: plain ints
+        self._finished = 0
+        self._consecutive = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def initialize(self, train_data_parallel_size: int = 1) -> WorkflowExecutor:
+        """Build the policy for this data-parallel rank and start the event loop thread.
+
+        ``max_concurrent_rollouts``, ``consumer_batch_size`` (and ``buffer_size``) are divided by
+        ``train_data_parallel_size``; the staleness bound η is not.
+        """
+        if self._thread is not None or self._closed:
+            raise ProtocolError(
+                "initialize(): the executor is already initialized (or destroyed); build a new "
+                "WorkflowExecutor to start again"
+            )
+        s = _resolve(self.config, train_data_parallel_size)
+        if self.config.proactive_filter.method != "null" or self.config.group_post_process.enable:
+            logger.warning(
+                "rollout.proactive_filter and rollout.group_post_process are not applied by "
+                "WorkflowExecutor; use should_accept_fn to filter groups"
+            )
+        start = self._engine_version() if self._engine_version is not None else 0
+        self._published = start
+        self._tracker = GroupTracker(s.group_size, s.group_redundancy)
+        if s.policy == "buffer":
+            buffer = StalenessBuffer(
+                s.batch_size,
+                s.eta,
+                group_size=s.group_size,
+                buffer_size=s.buffer_size,
+                group_redundancy=s.group_redundancy,
+                start_version=start,
+            )
+            self._policy = BufferPolicy(buffer, max_concurrent=s.max_concurrent)
+            self._drive_manager = self.staleness_manager is not None
+        else:
+            manager = self.staleness_manager
+            if manager is None:
+                manager = StalenessManager(self, s.max_concurrent, s.batch_size, s.eta)
+                self.staleness_manager = manager
+            self._guard = manager.lock
+            with manager.lock:
+                self._policy = CapacityPolicy(
+                    manager.counter, drop_stale=s.drop_stale, start_version=start
+                )
+            # the manager's limits are the policy's: report what is actually enforced
+            s = replace(s, batch_size=self._policy.batch_size, eta=manager.max_staleness)
+        self._settings = s
+        started = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run_loop, args=(started,), name="stalebound-executor", daemon=True
+        )
+        self._thread.start()
+        started.wait()
+        return self
+
+    def destroy(self) -> None:
+        """Cancel everything running, stop the loop and join its thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        if threading.get_ident() == self._loop_tid:
+            raise ProtocolError("destroy(): call it from outside the executor's own workflows")
+        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+
+    def __enter__(self) -> WorkflowExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    # ------------------------------------------------------------------ versions
+
+    @property
+    def version(self) -> int:
+        """The training version: the next batch handed out is consumed at this version."""
+        return self._require_policy().version
+
+    def get_version(self) -> int:
+        """The version new groups are generated with: ``min(engine version, training version)``.
+
+        The engine's ``get_version()`` when it has one, else the last :meth:`set_version`. This is
+        also the :class:`VersionProvider` of the manager built for the capacity policy.
+        """
+        ev = self._engine_version() if self._engine_version is not None else self._published
+        policy = self._policy
+        if policy is None:
+            return ev
+        v = policy.version
+        return ev if ev < v else v
+
+    def set_version(self, version: int) -> None:
+        """New weights of ``version`` are published: forward to the engine and wake the dispatcher.
+
+        Call it after each weight update (the dispatcher cannot see an engine's version change
+        otherwise until its next event).
+        """
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise ProtocolError(f"set_version({version!r}): the version must be an int ≥ 0")
+        if self._engine_set_version is not None:
+            self._engine_set_version(version)
+        self._published = version
+        self._kick_threadsafe()
+
+    # ------------------------------------------------------------------ submission
+
+    def get_capacity(self) -> int:
+        """How many more :meth:`submit` calls would be admitted now (may be ≤ 0).
+
+        The policy's capacity (and the injected manager's, when there is one) minus the items
+        already waiting in the input queue.
+        """
+        return self._call(self._capacity)
+
+    def submit(
+        self, data: Any, workflow: WorkflowProtocol, should_accept_fn: ShouldAccept | None = None
+    ) -> None:
+        """Queue one item; it becomes one group of N′ ``arun_episode`` calls once admitted.
+
+        Raises :class:`ProtocolError` when the input queue already holds ``queue_size`` items.
+        """
+        s = self._require_running()
+        if not callable(getattr(workflow, "arun_episode", None)):
+            raise ProtocolError(
+                f"submit(workflow={workflow!r}): a workflow must have an async "
+                "arun_episode(engine, data) method"
+            )
+        if self._stopped is not None:
+            raise self._stopped
+        if len(self._inbox) >= s.queue_size:
+            raise ProtocolError(
+                f"submit(): the input queue is full ({s.queue_size} items waiting for admission, "
+                f"rollout.queue_size={self.config.queue_size!r}); submit no more than "
+                "get_capacity() allows, take results with wait()/prepare_batch(), or raise "
+                "rollout.queue_size"
+            )
+        self._inbox.append((data, workflow, should_accept_fn))
+        self._kick_threadsafe()
+
+    def wait(self, count: int, timeout: float | None = None) -> list[Trajectory]:
+        """Block until ``count`` groups are trained-ready; return their trajectories.
+
+        Batches are consumed from the policy in version order as needed (each consume advances the
+        training version by one; leftovers wait for the next call, so ask for multiples of
+        ``consumer_batch_size``). Raises :class:`TimeoutError` after ``timeout`` seconds (nothing
+        is taken then) and :class:`RolloutError` if the executor has stopped.
+        """
+        self._require_running()
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ProtocolError(f"wait(count={count!r}): count must be an integer ≥ 0")
+        return self._request(count, timeout, None)
+
+    def collect_results(self) -> list[Trajectory]:
+        """Non-blocking: the next batch (``consumer_batch_size`` groups) if one is ready, else []."""
+        return self._call(self._collect)
+
+    def rollout_batch(
+        self,
+        data: Sequence[Any],
+        workflow: WorkflowProtocol,
+        should_accept_fn: ShouldAccept | None = None,
+    ) -> list[Trajectory]:
+        """Submit every item of ``data`` and wait for as many groups."""
+        for item in data:
+            self.submit(item, workflow, should_accept_fn)
+        return self.wait(len(data))
+
+    def prepare_batch(
+        self,
+        dataloader: Iterable[Any],
+        workflow: WorkflowProtocol,
+        should_accept_fn: ShouldAccept | None = None,
+    ) -> list[Trajectory]:
+        """Keep generating from ``dataloader`` (cycled) and return the next batch.
+
+        The dispatcher draws items from the data loader whenever capacity opens, also while the
+        caller trains, so the next batch is under way; the loader is iterated on the executor's
+        thread. Each element the loader yields is a list/tuple of items (AReaL's loaders) or one
+        item. Calling again with the same loader and workflow continues where it left off.
+        """
+        s = self._require_running()
+        if not callable(getattr(workflow, "arun_episode", None)):
+            raise ProtocolError(
+                f"prepare_batch(workflow={workflow!r}): a workflow must have an async "
+                "arun_episode(engine, data) method"
+            )
+        return self._request(s.batch_size, None, _Source(dataloader, workflow, should_accept_fn))
+
+    def pause(self) -> None:
+        """Stop admitting new groups (running ones go on). Returns once no admission can follow."""
+        self._call(self._set_paused, True)
+
+    def resume(self) -> None:
+        """Admit again; wakes the dispatcher."""
+        self._call(self._set_paused, False)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def statistics(self) -> ExecutorStatistics:
+        """A frozen snapshot of every counter, the policy's statistics and the manager's.
+
+        Also works after :meth:`destroy` (the final counts)."""
+        if self._closed and self._thread is not None and not self._thread.is_alive():
+            return self._statistics()  # the loop is gone: nothing else touches the state
+        return self._call(self._statistics)
+
+    # ------------------------------------------------------------------ thread plumbing
+
+    def _require_policy(self) -> StalenessPolicy:
+        if self._policy is None:
+            raise ProtocolError("the executor is not initialized; call initialize() first")
+        return self._policy
+
+    def _require_running(self) -> _Settings:
+        if self._closed:
+            raise ProtocolError("the executor was destroyed; build a new WorkflowExecutor")
+        if self._settings is None or self._loop is None:
+            raise ProtocolError("the executor is not initialized; call initialize() first")
+        return self._settings
+
+    def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run ``fn(*args)`` on the loop thread and return its result."""
+        self._require_running()
+        if threading.get_ident() == self._loop_tid:
+            return fn(*args)
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:
+                future.set_exception(e)
+
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(run)
+        return future.result()
+
+    def _request(
+        self, count: int, timeout: float | None, source: _Source | None
+    ) -> list[Trajectory]:
+        """One hop onto the loop: answer at once when enough is ready, else wait there."""
+        loop = self._loop
+        assert loop is not None
+        if threading.get_ident() == self._loop_tid:
+            raise ProtocolError(
+                "wait(): would block the executor's own loop; call it from another thread"
+            )
+        future: concurrent.futures.Future[list[Trajectory]] = concurrent.futures.Future()
+
+        def done(task: asyncio.Task[list[Trajectory]]) -> None:
+            if task.cancelled():
+                future.set_exception(ProtocolError("wait(): the executor was destroyed"))
+            elif (exc := task.exception()) is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(task.result())
+
+        def run() -> None:
+            future.set_running_or_notify_cancel()
+            try:
+                if source is not None:
+                    self._set_source(source)
+                if self._fill(count):
+                    future.set_result(self._pop(count))
+                    return
+                loop.create_task(self._take(count, timeout)).add_done_callback(done)
+            except BaseException as e:
+                future.set_exception(e)
+
+        loop.call_soon_threadsafe(run)
+        return future.result()
+
+    def _kick_threadsafe(self) -> None:
+        loop = self._loop
+        if loop is None or self._closed:
+            return
+        if threading.get_ident() == self._loop_tid:
+            self._kick()
+        elif not self._kick_pending:
+            # at most one pending hop: a burst of submissions costs one wake-up
+            self._kick_pending = True
+            loop.call_soon_threadsafe(self._kicked)
+
+    def _kicked(self) -> None:
+        self._kick_pending = False
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _run_loop(self, started: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        self._loop_tid = threading.get_ident()
+        self._wake = asyncio.Event()
+        timeout = self._settings.request_timeout if self._settings else None
+        self._deadlines = _Deadlines(loop, timeout, self._expire) if timeout is not None else None
+        dispatcher = loop.create_task(self._dispatch_forever())
+        loop.call_soon(started.set)
+        try:
+            loop.run_forever()
+        finally:
+            # Cancel what is left (the dispatcher, waits of other threads) and run the loop until
+            # their callbacks have run, so that no caller is left blocked on a dead loop.
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, dispatcher, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    # ------------------------------------------------------------------ loop thread: dispatch
+
+    async def _dispatch_forever(self) -> None:
+        wake = self._wake
+        assert wake is not None
+        while True:
+            await wake.wait()
+            wake.clear()
+            self._n["dispatch_wakeups"] += 1
+            try:
+                self._dispatch()
+            except Exception as e:  # a bug of ours or a broken data loader: stop loudly
+                logger.exception("dispatcher failed")
+                self._stop(f"the dispatcher failed: {e!r}")
+
+    def _admission_version(self) -> int:
+        return self.get_version()
+
+    def _dispatch(self) -> None:
+        """Admit queued items while the policy (and the manager) have capacity."""
+        if self._paused or self._stopped is not None or self._closed:
+            return
+        policy = self._policy
+        assert policy is not None
+        inbox = self._inbox
+        gate = self.staleness_manager
+        guard = self._guard
+        version = self._admission_version()
+        # The manager's capacity drops by exactly one per admission (running + 1), so asking it
+        # once per pass and admitting that many is the same as asking before each admission.
+        budget = gate.get_capacity() if gate is not None else None
+        while budget is None or budget > 0:
+            if not inbox:
+                if self._source is None:
+                    return
+                try:
+                    inbox.append(self._source.next_item())
+                except Exception as e:  # the data loader failed: the trainer hears of it
+                    self._source = None
+                    self._source_error = e
+                    self._notify()
+                    return
+            if budget is not None:
+                budget -= 1
+            gid = next(self._ids)
+            with guard:
+                admission = policy.try_admit(gid, version)
+            if admission is None:
+                return
+            item = inbox.popleft()
+            self._n["dispatched_groups"] += 1
+            self._start_group(gid, item, admission.version)
+
+    def _start_group(self, gid: int, item: _Item, version: int) -> None:
+        tracker = self._tracker
+        assert tracker is not None
+        group = _Group(gid, item)
+        self._groups[gid] = group
+        if self._drive_manager:
+            assert self.staleness_manager is not None
+            self.staleness_manager.on_rollout_enqueued()
+            self.staleness_manager.on_rollout_submitted()
+        deadlines = self._deadlines
+        key = 0
+        if deadlines is not None:
+            key = deadlines.key()
+            deadlines.watch(group, key)
+        for mid in tracker.start(gid, version):
+            self._launch(group, mid, version, key)
+
+    def _unlist(self, gid: int) -> _Group | None:
+        """Take a settled group out of the table (and its timeout buckets)."""
+        group = self._groups.pop(gid, None)
+        if group is not None and self._deadlines is not None:
+            self._deadlines.forget(group)
+        return group
+
+    def _launch(self, group: _Group, mid: MemberId, version: int, deadline: int) -> None:
+        loop = self._loop
+        assert loop is not None
+        m = _Member(group, mid, version)
+        m.deadline = deadline
+        group.members[mid.number] = m
+        self._running_members += 1
+        self._launched += 1
+        data, workflow, _ = group.item
+        try:
+            m.episode = workflow.arun_episode(self.inference_engine, data)
+        except Exception as e:  # raised before its first await: fail it on the next turn
+            loop.call_soon(self._early_failure, m, e)
+            return
+        m.task = loop.create_task(self._run_member(m))
+
+    async def _run_member(self, m: _Member) -> None:
+        """One episode. Outcomes are handled here, in the task, not in a done callback: one
+        scheduling step less per trajectory. Members cancelled on purpose are settled when they
+        are cancelled (``m.cause`` set), so nothing here depends on the task having started."""
+        m.started = True
+        try:
+            result = await m.episode
+        except asyncio.CancelledError:
+            if m.cause is None:  # cancelled by someone else (the engine, say)
+                self._member_outcome(m, None, "cancelled")
+            raise
+        except Exception as e:
+            if m.cause is None:
+                self._member_outcome(m, None, e)
+        else:
+            if m.cause is None:
+                self._member_outcome(m, result, None)
+
+    def _early_failure(self, m: _Member, exc: Exception) -> None:
+        if m.cause is None:  # not cancelled with its group meanwhile
+            self._member_outcome(m, None, exc)
+
+    def _detach(self, m: _Member) -> None:
+        del m.group.members[m.mid.number]
+        self._running_members -= 1
+
+    def _expire(self, m: _Member) -> None:
+        m.cause = "timeout"
+        if m.task is not None:
+            m.task.cancel()
+        self._member_outcome(m, None, "timeout")
+
+    def _member_outcome(self, m: _Member, result: Any, failure: BaseException | str | None) -> None:
+        """A member ended by itself (or timed out): finish it, or fail (and maybe relaunch) it."""
+        self._detach(m)
+        try:
+            if failure is not None:
+                if isinstance(failure, str):
+                    self._member_failed(m, failure, None)
+                else:
+                    self._member_failed(m, _cause(failure), failure)
+            elif result is None:
+                self._member_failed(m, "rejected", None)
+            else:
+                self._finished += 1
+                tracker = self._tracker
+                assert tracker is not None
+                done = tracker.finish(m.mid, result)
+                if done is not None:
+                    self._group_complete(m.group, done)
+        except Exception as e:
+            logger.exception("handling the outcome of %r failed", m.mid)
+            self._stop(f"handling the outcome of {m.mid} failed: {e!r}")
+
+    def _member_failed(self, m: _Member, cause: str, exc: BaseException | None) -> None:
+        self._member_failures[cause] += 1
+        if exc is not None:
+            logger.debug("episode %s failed: %r", m.mid, exc, exc_info=exc)
+        group = m.group
+        if self._groups.get(group.gid) is not group:  # settled meanwhile
+            return
+        tracker = self._tracker
+        assert tracker is not None
+        outcome = tracker.fail(m.mid, cause, version=self._admission_version())
+        if outcome is None:
+            return
+        if isinstance(outcome, Relaunch):
+            self._n["relaunched_members"] += 1
+            key = 0
+            if self._deadlines is not None:
+                key = self._deadlines.key()
+                self._deadlines.watch(group, key)
+            self._launch(group, outcome.member, outcome.version, key)
+            return
+        why = f"group {group.gid}: {', '.join(outcome.causes)}"
+        if exc is not None:
+            why += f" (last: {exc!r})"
+        logger.warning("%s", why)
+        self._group_failed(group, "failed", why)
+
+    def _group_complete(self, group: _Group, done: GroupComplete) -> None:
+        policy = self._policy
+        assert policy is not None
+        self._unlist(group.gid)
+        self._cancel_members(group, "surplus")
+        accept = group.item[2]
+        if accept is not None:
+            try:
+                keep = accept([r.result for r in done.members])
+            except Exception as e:
+                self._settle_failed(group, "failed", f"group {group.gid}: should_accept_fn {e!r}")
+                return
+            if not keep:
+                self._n["filtered_groups"] += 1
+                self._release(group.gid, "filtered")
+                return
+        payload: _Payload = tuple((r, _token_versions(r.result)) for r in done.members)
+        segments = {v for _, tv in payload if tv is not None for v in tv if v >= 0}
+        try:
+            with self._guard:
+                kept = policy.complete(group.gid, payload, segment_versions=segments)
+        except ProtocolError as e:  # the engine reported versions outside [V, v]
+            self._settle_failed(group, "bad_versions", f"group {group.gid}: {e}")
+            return
+        self._n["completed_groups"] += 1
+        self._consecutive = 0
+        if kept:
+            if self._drive_manager:
+                assert self.staleness_manager is not None
+                self.staleness_manager.on_rollout_accepted()
+        else:
+            self._n["dropped_groups"] += 1
+        self._notify()
+        self._kick()
+
+    def _group_failed(self, group: _Group, cause: str, why: str) -> None:
+        self._unlist(group.gid)
+        self._cancel_members(group, "abandoned")
+        self._settle_failed(group, cause, why)
+
+    def _settle_failed(self, group: _Group, cause: str, why: str) -> None:
+        """The group is out of the tracker and the table: abort its entry and count a failure."""
+        self._release(group.gid, cause)
+        self._n["failed_groups"] += 1
+        self._consecutive += 1
+        self._recent.append(why)
+        limit = self._settings.max_failures if self._settings else 1
+        if self._consecutive >= limit:
+            self._stop(
+                f"{self._consecutive} groups failed in a row (rollout.max_consecutive_failures="
+                f"{limit}); the last causes: {'; '.join(self._recent)}"
+            )
+        self._notify()
+
+    def _release(self, gid: int, cause: str) -> None:
+        """Return a group's policy slot (abort), tell the manager, and wake the dispatcher."""
+        policy = self._policy
+        assert policy is not None
+        with self._guard:
+            policy.abort(gid, cause)
+        if self._drive_manager:
+            assert self.staleness_manager is not None
+            self.staleness_manager.on_rollout_rejected()
+        self._kick()
+
+    def _cancel_members(self, group: _Group, cause: str) -> None:
+        """Cancel a settled group's running members; they are accounted for here and now."""
+        for m in list(group.members.values()):
+            m.cause = cause
+            self._detach(m)
+            self._cancelled[cause] += 1
+            if not m.started and inspect.iscoroutine(m.episode):
+                m.episode.close()  # never awaited: close it, or Python warns
+            if m.task is not None:
+                m.task.cancel()
+
+    def _stop(self, why: str) -> None:
+        """Stop for good: cancel every running group; wait/prepare_batch raise from now on."""
+        if self._stopped is not None:
+            return
+        self._stopped = RolloutError(f"the executor stopped: {why}")
+        logger.error("%s", self._stopped)
+        self._abort_all("stopped")
+        self._notify()
+
+    def _abort_all(self, cause: str) -> None:
+        tracker = self._tracker
+        assert tracker is not None
+        for gid, group in list(self._groups.items()):
+            self._unlist(gid)
+            tracker.cancel(gid)
+            self._cancel_members(group, cause)
+            with contextlib.suppress(ProtocolError):  # already out of the policy
+                self._release(gid, cause)
+
+    async def _shutdown(self) -> None:
+        tasks = [m.task for g in self._groups.values() for m in g.members.values() if m.task]
+        self._abort_all("shutdown")
+        self._notify()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ loop thread: results
+
+    def _notify(self) -> None:
+        if self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for f in waiters:
+                if not f.done():
+                    f.set_result(None)
+
+    def _fill(self, count: int) -> bool:
+        """Consume ready batches until ``count`` groups are waiting; whether there are enough."""
+        policy = self._policy
+        assert policy is not None
+        while len(self._output) < count:
+            with self._guard:
+                if not policy.ready():
+                    return False
+                batch = policy.consume()
+            v = batch.version
+            for gid in batch.aborted:  # surplus reservations of the consumed buffer
+                group = self._unlist(cast(int, gid))
+                if group is not None:
+                    assert self._tracker is not None
+                    self._tracker.cancel(gid)
+                    self._cancel_members(group, "surplus")
+                    if self._drive_manager:
+                        assert self.staleness_manager is not None
+                        self.staleness_manager.on_rollout_rejected()
+                self._n["surplus_groups"] += 1
+            self._n["dropped_groups"] += len(batch.dropped)
+            self._n["consumed_batches"] += 1
+            out = self._output
+            n = 0
+            for g in batch.groups:
+                gid = cast(int, g.group_id)
+                members: _Payload = g.payload
+                out.append(
+                    tuple(
+                        Trajectory(r.result, gid, r.member.number, r.version, v, v - r.version, tv)
+                        for r, tv in members
+                    )
+                )
+                n += len(members)
+            self._n["consumed_groups"] += len(batch.groups)
+            self._n["consumed_trajectories"] += n
+            self._kick()
+        return True
+
+    def _pop(self, count: int) -> list[Trajectory]:
+        out = self._output
+        result: list[Trajectory] = []
+        for _ in range(count):
+            result.extend(out.popleft())
+        return result
+
+    async def _take(self, count: int, timeout: float | None) -> list[Trajectory]:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self._fill(count):
+            self._raise_source_error()
+            if self._stopped is not None:
+                raise self._stopped
+            if self._closed:
+                raise ProtocolError("wait(): the executor was destroyed while waiting")
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(waiter)
+            if deadline is None:
+                await waiter
+                continue
+            left = deadline - loop.time()
+            handle = loop.call_later(max(0.0, left), _settle, waiter)
+            try:
+                await waiter
+            finally:
+                handle.cancel()
+            if loop.time() >= deadline and not self._fill(count):
+                raise TimeoutError(
+                    f"wait(count={count}, timeout={timeout}): only {len(self._output)} groups "
+                    f"ready after {timeout} s ({self._describe()})"
+                )
+        return self._pop(count)
+
+    def _raise_source_error(self) -> None:
+        error, self._source_error = self._source_error, None
+        if error is not None:
+            raise error
+
+    def _collect(self) -> list[Trajectory]:
+        s = self._settings
+        assert s is not None
+        if self._fill(s.batch_size):
+            return self._pop(s.batch_size)
+        if self._stopped is not None:
+            raise self._stopped
+        return []
+
+    def _set_source(self, new: _Source) -> None:
+        src = self._source
+        if src is None or src.dataloader is not new.dataloader:
+            self._source = new
+        else:  # the same loader: continue where it is, with this call's workflow
+            src.workflow, src.accept = new.workflow, new.accept
+        self._kick()
+
+    def _set_paused(self, paused: bool) -> None:
+        self._paused = paused
+        if not paused:
+            self._kick()
+
+    def _capacity(self) -> int:
+        policy = self._policy
+        assert policy is not None
+        with self._guard:
+            cap = policy.capacity(self._admission_version())
+        if self.staleness_manager is not None:
+            cap = min(cap, self.staleness_manager.get_capacity())
+        return cap - len(self._inbox)
+
+    def _describe(self) -> str:
+        p = self._require_policy().statistics()
+        generation = self._admission_version()
+        hint = ""
+        if generation < p.version:
+            hint = (
+                f"; new groups are generated at version {generation}, behind the training version "
+                f"{p.version}: after publishing weights, call set_version({p.version})"
+            )
+        return (
+            f"policy {p.policy} at version {p.version}: {p.running} running, {p.waiting} waiting, "
+            f"{len(self._inbox)} queued, paused={self._paused}{hint}"
+        )
+
+    def _statistics(self) -> ExecutorStatistics:
+        policy = self._require_policy()
+        with self._guard:
+            ps = policy.statistics()
+        n = self._n
+        manager = self.staleness_manager
+        return ExecutorStatistics(
+            policy=ps,
+            manager=manager.get_stats() if manager is not None else None,
+            version=ps.version,
+            generation_version=self._admission_version(),
+            paused=self._paused,
+            stopped=str(self._stopped) if self._stopped is not None else None,
+            queued=len(self._inbox),
+            submitted=n["dispatched_groups"] + len(self._inbox),
+            dispatched_groups=n["dispatched_groups"],
+            running_groups=len(self._groups),
+            running_members=self._running_members,
+            launched_members=self._launched,
+            finished_members=self._finished,
+            member_failures=MappingProxyType(dict(self._member_failures)),
+            cancelled_members=MappingProxyType(dict(self._cancelled)),
+            relaunched_members=n["relaunched_members"],
+            completed_groups=n["completed_groups"],
+            failed_groups=n["failed_groups"],
+            filtered_groups=n["filtered_groups"],
+            dropped_groups=n["dropped_groups"],
+            surplus_groups=n["surplus_groups"],
+            consumed_batches=n["consumed_batches"],
+            consumed_groups=n["consumed_groups"],
+            consumed_trajectories=n["consumed_trajectories"],
+            waiting_groups=len(self._output),
+            consecutive_failures=self._consecutive,
+            dispatch_wakeups=n["dispatch_wakeups"],
+        )
+
+
+def _cause(exc: BaseException) -> str:
+    return f"error:{type(exc).__name__}"
+
+
+def _settle(f: asyncio.Future[None]) -> None:
+    if not f.done():
+        f.set_result(None)

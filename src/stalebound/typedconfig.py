@@ -1,0 +1,901 @@
+"""Typed configuration trees: load any tree of dataclasses from YAML layers and dotted overrides.
+
+The machinery behind :mod:`stalebound.config`, generic over the root dataclass so every section of
+the tree gets parsing, conversion, validation, aliases, CLI flags, dumping and reference docs without
+code of its own.
+
+* A *layer* is one YAML file, one mapping, or the list of ``key.path=value`` overrides. Layers are
+  applied in order; a later layer replaces what an earlier one set, key by key.
+* Values are parsed by PyYAML; the conversion to each field's declared type is done here and is
+  strict: ``"abc"`` is never an integer, ``4.0`` is not an integer, an integer is accepted for a float.
+* Supported field types: ``bool``, ``int``, ``float``, ``str``, ``Literal[...]``, ``X | None``,
+  unions, ``list[X]``, ``tuple[X, ...]``, ``dict[str, X]``, ``Any``, and nested dataclasses (as
+  sections, optional sections, or list items).
+* Validation rules live next to the fields: :func:`bounds` and :func:`null_means` in a field's
+  ``metadata``, and a ``_validate(self) -> Iterable[Invalid]`` method on a dataclass for rules that
+  involve several fields. Every problem is collected and raised at once in one
+  :class:`~stalebound.core.errors.ConfigError`, each as ``name=value: why; the fix``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import itertools
+import textwrap
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, TypeVar, Union, get_args, get_origin
+
+import yaml
+
+from stalebound.core.errors import ConfigError
+
+__all__ = [
+    "Bounds",
+    "Invalid",
+    "Layer",
+    "Schema",
+    "bounds",
+    "dump_yaml",
+    "field_docs",
+    "file_layer",
+    "null_means",
+    "override_layer",
+    "parse_argv",
+    "reference_tables",
+    "show",
+    "suggest",
+    "to_plain",
+]
+
+T = TypeVar("T")
+Path_ = tuple[str, ...]
+
+_BOUNDS_KEY = "stalebound.bounds"
+_NULL_AS_KEY = "stalebound.null_as"
+_FAILED: Any = object()
+
+
+# -- rules declared next to the fields -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """A numeric range rule for one field (``None`` values of an optional field always pass)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    fix: str = ""
+
+    def violated(self, value: float) -> bool:
+        """True when ``value`` is outside the range (NaN is outside every range)."""
+        # Written as "not inside" so that NaN, which compares false with everything, fails.
+        inside = (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+        )
+        return not inside
+
+    def describe(self) -> str:
+        """The range in words, e.g. ``≥ 0`` or ``> 0 and ≤ 1``."""
+        parts = []
+        if self.ge is not None:
+            parts.append(f"≥ {show(self.ge)}")
+        if self.gt is not None:
+            parts.append(f"> {show(self.gt)}")
+        if self.le is not None:
+            parts.append(f"≤ {show(self.le)}")
+        return " and ".join(parts)
+
+
+def bounds(
+    *, ge: float | None = None, gt: float | None = None, le: float | None = None, fix: str
+) -> dict[str, Any]:
+    """Field metadata: the value must lie in the range; ``fix`` tells the user what to write."""
+    return {_BOUNDS_KEY: Bounds(ge=ge, gt=gt, le=le, fix=fix)}
+
+
+def null_means(value: Any) -> dict[str, Any]:
+    """Field metadata: a YAML ``null`` given for this field stands for ``value``.
+
+    For settings whose upstream spelling uses ``null`` as a named choice (PSRL writes
+    ``method: null`` for "no proactive filter").
+    """
+    return {_NULL_AS_KEY: value}
+
+
+class Invalid(NamedTuple):
+    """One problem found by a dataclass's ``_validate`` hook.
+
+    ``key`` is the field's name relative to the dataclass (``"buffer_size"``, or a dotted path into a
+    nested section); the loader prefixes the section path and the current value.
+    """
+
+    key: str
+    why: str
+    fix: str
+
+
+# -- values in messages and dumps ------------------------------------------------------------------
+
+
+def to_plain(value: Any) -> Any:
+    """Dataclasses, tuples and mappings as plain YAML-able dicts and lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init
+        }
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: to_plain(v) for k, v in value.items()}
+    return value
+
+
+def show(value: Any, limit: int | None = None) -> str:
+    """``value`` as it would be written after ``key=`` (YAML flow style), optionally shortened."""
+    try:
+        text = yaml.safe_dump(
+            to_plain(value),
+            default_flow_style=True,
+            allow_unicode=True,
+            width=2**30,
+            sort_keys=False,
+        ).strip()
+    except (yaml.YAMLError, RecursionError, TypeError):
+        text = repr(value)
+    if text.endswith("\n..."):
+        text = text[: -len("\n...")].strip()
+    text = " ".join(text.split("\n"))
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
+def dump_yaml(config: Any) -> str:
+    """The whole tree as block-style YAML, reloadable to an equal tree."""
+    text: str = yaml.safe_dump(
+        to_plain(config), sort_keys=False, allow_unicode=True, default_flow_style=False
+    )
+    return text
+
+
+# -- YAML parsing ----------------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A safe loader that refuses duplicate keys instead of silently keeping the last."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            duplicate = key in seen
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                "found an unhashable key",
+                key_node.start_mark,
+            ) from None
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found the key {show(key)} twice",
+                key_node.start_mark,
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_StrictLoader)
+
+
+def _yaml_error(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+# -- type introspection ----------------------------------------------------------------------------
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _split_optional(tp: Any) -> tuple[Any, bool]:
+    """``X | None`` → ``(X, True)``; anything else → ``(tp, False)``."""
+    if get_origin(tp) in (Union, types.UnionType):
+        args = get_args(tp)
+        rest = tuple(a for a in args if a is not type(None))
+        if len(rest) < len(args):
+            return (rest[0] if len(rest) == 1 else Union[rest]), True  # noqa: UP007
+    return tp, False
+
+
+def _is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _phrase(tp: Any) -> str:
+    """The type in words, as in "must be <phrase>"."""
+    inner, optional = _split_optional(tp)
+    origin = get_origin(inner)
+    if inner is bool:
+        text = "true or false"
+    elif inner is int:
+        text = "an integer"
+    elif inner is float:
+        text = "a number"
+    elif inner is str:
+        text = "a string"
+    elif origin is Literal:
+        text = "one of " + ", ".join(show(a) for a in get_args(inner))
+    elif origin in (list, tuple, Sequence):
+        text = "a list"
+    elif origin in (dict, Mapping):
+        text = "a mapping"
+    elif origin in (Union, types.UnionType):
+        text = " or ".join(_phrase(a) for a in get_args(inner))
+    elif _is_section(inner):
+        text = "a mapping of its fields"
+    else:
+        text = "any value"
+    return text + (" or null" if optional else "")
+
+
+def _type_name(tp: Any) -> str:
+    """The type as the reference documents it."""
+    inner, optional = _split_optional(tp)
+    origin = get_origin(inner)
+    if isinstance(inner, type) and not _is_section(inner) and origin is None:
+        text = inner.__name__
+    elif origin is Literal:
+        text = "one of " + ", ".join(f"`{show(a)}`" for a in get_args(inner))
+    elif origin in (list, tuple, Sequence):
+        text = f"list of {_type_name(get_args(inner)[0])}"
+    elif origin in (dict, Mapping):
+        text = f"mapping of str to {_type_name(get_args(inner)[1])}"
+    elif _is_section(inner):
+        text = "section"
+    elif inner is Any:
+        text = "any"
+    else:
+        text = " or ".join(_type_name(a) for a in get_args(inner))
+    return text + (" or null" if optional else "")
+
+
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _dotted(path: Path_) -> str:
+    return ".".join(path)
+
+
+# -- the schema ------------------------------------------------------------------------------------
+
+
+class _Entry(NamedTuple):
+    value: Any
+    spelling: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """One source of settings: a parsed mapping, or the override list (``overrides=True``).
+
+    Within one file or mapping, two spellings of one key must agree; in the override list the same
+    spelling may repeat and the last one wins (so scripts can append flags).
+    """
+
+    mapping: Mapping[Any, Any]
+    overrides: bool = False
+
+
+class Schema:
+    """Everything the loader needs to know about one root dataclass and its aliases."""
+
+    def __init__(
+        self, root: type, aliases: Mapping[str, str] | None = None, *, reference_hint: str = ""
+    ) -> None:
+        if not _is_section(root):
+            raise TypeError(f"the root of a config tree must be a dataclass, not {root!r}")
+        self.root = root
+        self.aliases: dict[Path_, Path_] = {
+            tuple(a.split(".")): tuple(c.split(".")) for a, c in (aliases or {}).items()
+        }
+        self.reference_hint = reference_hint
+        self.fields: dict[Path_, tuple[type, dataclasses.Field[Any], Any]] = {}
+        self._walk(root, ())
+        self.sections = {
+            p for p, (_, _, tp) in self.fields.items() if _is_section(_split_optional(tp)[0])
+        }
+        self.alias_prefixes = {a[:i] for a in self.aliases for i in range(1, len(a))}
+        for alias, canonical in self.aliases.items():
+            if canonical not in self.fields or canonical in self.sections:
+                raise TypeError(f"alias {_dotted(alias)} targets {_dotted(canonical)}, not a field")
+            if alias in self.fields or alias in self.alias_prefixes:
+                raise TypeError(f"alias {_dotted(alias)} shadows a field or another alias")
+
+    def _walk(self, cls: type, prefix: Path_) -> None:
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            path = (*prefix, f.name)
+            tp = hints[f.name]
+            self.fields[path] = (cls, f, tp)
+            inner, _ = _split_optional(tp)
+            if _is_section(inner):
+                self._walk(inner, path)
+
+    # -- keys --
+
+    def canonical(self, path: Path_) -> Path_:
+        """The canonical path of a spelling (aliases resolved)."""
+        return self.aliases.get(path, path)
+
+    def is_branch(self, path: Path_) -> bool:
+        """True when a mapping given at ``path`` holds sub-keys rather than being the value."""
+        return path in self.alias_prefixes or self.canonical(path) in self.sections
+
+    def knows(self, path: Path_) -> bool:
+        """True when ``path`` is a canonical key, a section, or an alias."""
+        return path in self.fields or path in self.aliases
+
+    def spellings(self) -> list[str]:
+        """Every key a user may write: canonical paths and aliases."""
+        return [_dotted(p) for p in self.fields] + [_dotted(a) for a in self.aliases]
+
+    def unknown_fix(self, dotted: str) -> str:
+        """The fix for an unknown key: the closest known spelling, or where to find them all."""
+        match = suggest(dotted, self.spellings())
+        if match is not None:
+            return f"did you mean {match}?"
+        return "remove it" + (f" ({self.reference_hint})" if self.reference_hint else "")
+
+    # -- loading --
+
+    def load(self, layers: Iterable[Layer]) -> Any:
+        """Merge the layers and build the root dataclass, or raise one ConfigError listing all."""
+        problems: list[str] = []
+        merged: dict[Path_, _Entry] = {}
+        for layer in layers:
+            entries = self._layer_entries(layer, problems)
+            for path, entry in entries.items():
+                empty = _is_empty_mapping(entry.value)
+                if empty and path not in self.sections:
+                    continue  # an empty mapping under an alias prefix sets nothing
+                # A later layer replaces a whole key: drop what an earlier one set at it, above it,
+                # or below it; an empty section mapping adds to what is below rather than reset it.
+                for old in list(merged):
+                    above = len(old) < len(path) and path[: len(old)] == old
+                    below = len(old) > len(path) and old[: len(path)] == path
+                    if old == path or above or (below and not empty):
+                        del merged[old]
+                merged[path] = entry
+        builder = _Builder(merged, problems)
+        result = builder.build(self.root, ())
+        for path in merged:
+            if path not in builder.consumed:
+                entry = merged[path]
+                problems.append(
+                    f"{entry.spelling}={show(entry.value, 80)}: unknown key; "
+                    f"{self.unknown_fix(entry.spelling)}"
+                )
+        if problems:
+            raise ConfigError(problems)
+        return result
+
+    def _layer_entries(self, layer: Layer, problems: list[str]) -> dict[Path_, _Entry]:
+        flat: list[tuple[Path_, Any]] = []
+        _flatten(layer.mapping, (), self.is_branch, flat, problems)
+        entries: dict[Path_, _Entry] = {}
+        for path, value in flat:
+            canonical = self.canonical(path)
+            new = _Entry(value, _dotted(path))
+            old = entries.get(canonical)
+            repeat = layer.overrides and old is not None and old.spelling == new.spelling
+            if old is not None and not repeat and not _same(old.value, new.value):
+                both = "" if old.spelling == new.spelling else f" (both set {_dotted(canonical)})"
+                problems.append(
+                    f"{new.spelling}={show(new.value, 80)}: conflicts with "
+                    f"{old.spelling}={show(old.value, 80)}{both}; keep only one of them"
+                )
+                continue
+            entries[canonical] = new
+        return entries
+
+
+def _is_empty_mapping(value: Any) -> bool:
+    return isinstance(value, Mapping) and not value
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except RecursionError:
+        return False
+
+
+def _flatten(
+    mapping: Mapping[Any, Any],
+    prefix: Path_,
+    is_branch: Callable[[Path_], bool],
+    out: list[tuple[Path_, Any]],
+    problems: list[str],
+) -> None:
+    """Split nested mappings (and dotted keys) into ``(path, leaf value)`` pairs."""
+    for key, value in mapping.items():
+        if not isinstance(key, str):
+            where = _dotted((*prefix, show(key)))
+            problems.append(
+                f'{where}={show(value, 80)}: keys must be strings; quote the key: "{show(key)}"'
+            )
+            continue
+        parts = tuple(key.split("."))
+        if any(not p or p != p.strip() for p in parts):
+            problems.append(
+                f"{_dotted((*prefix, key))}={show(value, 80)}: not a valid key; "
+                "write dot-separated names without spaces, like rollout.group_size"
+            )
+            continue
+        path = prefix + parts
+        if isinstance(value, Mapping) and is_branch(path):
+            if not value:
+                # Kept so that an empty mapping switches an optional section on with its defaults.
+                out.append((path, {}))
+            _flatten(value, path, is_branch, out, problems)
+        else:
+            out.append((path, value))
+
+
+def suggest(key: str, candidates: Sequence[str]) -> str | None:
+    """The candidate closest to ``key``: same last name first, then by spelling."""
+    if not candidates:
+        return None
+    last = key.rsplit(".", 1)[-1]
+    same_last = [c for c in candidates if c.rsplit(".", 1)[-1] == last and c != key]
+    pool = same_last or difflib.get_close_matches(key, candidates, n=3, cutoff=0.6)
+    if not pool:
+        lasts = difflib.get_close_matches(last, [c.rsplit(".", 1)[-1] for c in candidates], n=1)
+        pool = [c for c in candidates if lasts and c.rsplit(".", 1)[-1] == lasts[0]]
+    if not pool:
+        return None
+    return max(pool, key=lambda c: (difflib.SequenceMatcher(None, key, c).ratio(), -len(c)))
+
+
+class _Builder:
+    """Converts merged entries into dataclass instances, recording every problem."""
+
+    def __init__(self, entries: Mapping[Path_, _Entry], problems: list[str]) -> None:
+        self.entries = entries
+        self.problems = problems
+        self.consumed: set[Path_] = set()
+        self.prefixes = {p[:i] for p in entries for i in range(1, len(p))}
+
+    def build(self, cls: type, prefix: Path_) -> Any:
+        """An instance of ``cls`` from the entries under ``prefix``, or ``_FAILED``."""
+        before = len(self.problems)
+        kwargs: dict[str, Any] = {}
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            path = (*prefix, f.name)
+            value = self._field(f, hints[f.name], path)
+            if value is not _FAILED and value is not dataclasses.MISSING:
+                kwargs[f.name] = value
+        if len(self.problems) > before:
+            return _FAILED
+        try:
+            instance = cls(**kwargs)
+        except ConfigError as exc:
+            self.problems.extend(exc.problems)
+            return _FAILED
+        self._run_hook(instance, prefix)
+        return _FAILED if len(self.problems) > before else instance
+
+    def _field(self, f: dataclasses.Field[Any], tp: Any, path: Path_) -> Any:
+        entry = self.entries.get(path)
+        if entry is not None:
+            self.consumed.add(path)
+        inner, optional = _split_optional(tp)
+        default = _default_of(f)
+        if _is_section(inner):
+            has_children = path in self.prefixes
+            if entry is not None and not _is_empty_mapping(entry.value):
+                if entry.value is None and optional and not has_children:
+                    return None
+                names = [g.name for g in dataclasses.fields(inner)] or ["key"]
+                self.problems.append(
+                    f"{entry.spelling}={show(entry.value, 80)}: must be a mapping of its fields; "
+                    f"set them one by one, like {entry.spelling}.{names[0]}=…"
+                )
+            if has_children or entry is not None or default is dataclasses.MISSING:
+                return self.build(inner, path)
+            return dataclasses.MISSING
+        if entry is None:
+            if default is dataclasses.MISSING:
+                self.problems.append(f"{_dotted(path)}=(missing): required; give {_phrase(tp)}")
+                return _FAILED
+            return dataclasses.MISSING
+        value = entry.value
+        if value is None and _NULL_AS_KEY in f.metadata:
+            value = f.metadata[_NULL_AS_KEY]
+        converted = _convert(value, tp, entry.spelling, default, self.problems)
+        if converted is _FAILED:
+            return _FAILED
+        rule: Bounds | None = f.metadata.get(_BOUNDS_KEY)
+        if rule is not None and converted is not None and rule.violated(converted):
+            noun = "an integer" if inner is int else "a number"
+            tail = " or null" if optional else ""
+            self.problems.append(
+                f"{entry.spelling}={show(entry.value, 80)}: must be {noun} {rule.describe()}{tail}; "
+                f"{rule.fix}"
+            )
+            return _FAILED
+        return converted
+
+    def _run_hook(self, instance: Any, prefix: Path_) -> None:
+        hook = getattr(instance, "_validate", None)
+        if hook is None:
+            return
+        for invalid in hook():
+            rel = tuple(invalid.key.split("."))
+            value: Any = instance
+            for part in rel:
+                value = getattr(value, part)
+            path = prefix + rel
+            entry = self.entries.get(path)
+            name = entry.spelling if entry is not None else _dotted(path)
+            self.problems.append(f"{name}={show(value, 80)}: {invalid.why}; {invalid.fix}")
+
+
+def _convert(value: Any, tp: Any, name: str, default: Any, problems: list[str]) -> Any:
+    """``value`` converted to ``tp``, or ``_FAILED`` with the problems appended."""
+    inner, optional = _split_optional(tp)
+    shown = show(value, 80)
+    default_note = (
+        f" (default: {show(default)})"
+        if default is not dataclasses.MISSING and not _is_section(type(default))
+        else ""
+    )
+    if value is None:
+        if optional:
+            return None
+        keep = (
+            f" or remove the key to keep the default ({show(default)})"
+            if default is not dataclasses.MISSING
+            else ""
+        )
+        problems.append(f"{name}=null: must not be null; write {_phrase(inner)}{keep}")
+        return _FAILED
+    origin = get_origin(inner)
+    why = f"must be {_phrase(tp)}"
+    if inner is Any:
+        return value
+    if inner is bool:
+        if isinstance(value, bool):
+            return value
+        problems.append(f"{name}={shown}: {why}; write {name}=true or {name}=false")
+        return _FAILED
+    if inner is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        problems.append(f"{name}={shown}: {why}; write a whole number{default_note}")
+        return _FAILED
+    if inner is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        problems.append(f"{name}={shown}: {why}; write a number{default_note}")
+        return _FAILED
+    if inner is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (list, dict, set)):
+            fix = f"write a string{default_note}"
+        else:
+            fix = f'quote it: {name}="{shown}"'
+        problems.append(f"{name}={shown}: {why}; {fix}")
+        return _FAILED
+    if origin is Literal:
+        choices = get_args(inner)
+        for choice in choices:
+            if type(value) is type(choice) and value == choice:
+                return choice
+        match = suggest(str(value), [str(c) for c in choices]) if isinstance(value, str) else None
+        fix = f"did you mean {match}?" if match else "use one of them"
+        problems.append(f"{name}={shown}: {why}; {fix}")
+        return _FAILED
+    if origin in (list, tuple, Sequence):
+        if not isinstance(value, list):
+            fix = (
+                "write a list like [a, b]"
+                if isinstance(value, (dict, set))
+                else f"write a list: {name}=[{shown}]"
+            )
+            problems.append(f"{name}={shown}: {why}; {fix}")
+            return _FAILED
+        item_tp = get_args(inner)[0]
+        items = [
+            _convert(v, item_tp, f"{name}[{i}]", dataclasses.MISSING, problems)
+            for i, v in enumerate(value)
+        ]
+        if any(item is _FAILED for item in items):
+            return _FAILED
+        return tuple(items) if origin is tuple else items
+    if origin in (dict, Mapping):
+        if not isinstance(value, dict):
+            problems.append(f"{name}={shown}: {why}; write a mapping like {{key: value}}")
+            return _FAILED
+        value_tp = get_args(inner)[1]
+        out: dict[str, Any] = {}
+        failed = False
+        for k, v in value.items():
+            if not isinstance(k, str):
+                problems.append(
+                    f"{name}.{show(k)}={show(v, 80)}: keys must be strings; "
+                    f'quote the key: "{show(k)}"'
+                )
+                failed = True
+                continue
+            item = _convert(v, value_tp, f"{name}.{k}", dataclasses.MISSING, problems)
+            failed = failed or item is _FAILED
+            out[k] = item
+        return _FAILED if failed else out
+    if origin in (Union, types.UnionType):
+        for arm in get_args(inner):
+            scratch: list[str] = []
+            result = _convert(value, arm, name, default, scratch)
+            if not scratch:
+                return result
+        problems.append(f"{name}={shown}: {why}; write {_phrase(tp)}{default_note}")
+        return _FAILED
+    if _is_section(inner):
+        if not isinstance(value, Mapping):
+            problems.append(f"{name}={shown}: {why}; write a mapping like {{key: value}}")
+            return _FAILED
+        return _build_item(inner, value, name, problems)
+    raise TypeError(f"{name}: unsupported config field type {tp!r}")
+
+
+def _build_item(cls: type, mapping: Mapping[Any, Any], name: str, problems: list[str]) -> Any:
+    """A dataclass given whole as a mapping (a list item): built like a section of its own."""
+    schema = Schema(cls)
+    flat: list[tuple[Path_, Any]] = []
+    _flatten(mapping, (), schema.is_branch, flat, problems)
+    entries = {(name, *p): _Entry(v, _dotted((name, *p))) for p, v in flat}
+    builder = _Builder(entries, problems)
+    result = builder.build(cls, (name,))
+    candidates = [f"{name}.{s}" for s in schema.spellings()]
+    for path, entry in entries.items():
+        if path not in builder.consumed:
+            match = suggest(entry.spelling, candidates)
+            fix = f"did you mean {match}?" if match else "remove it"
+            problems.append(f"{entry.spelling}={show(entry.value, 80)}: unknown key; {fix}")
+            result = _FAILED
+    return result
+
+
+# -- reading files and overrides -------------------------------------------------------------------
+
+
+def file_layer(path: str | Path, problems: list[str]) -> Layer | None:
+    """The layer of one YAML file, or ``None`` with the problem appended."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        problems.append(f"config={path}: cannot read it ({exc.strerror or exc}); check the path")
+        return None
+    except UnicodeDecodeError:
+        problems.append(f"config={path}: not UTF-8 text; save the file as UTF-8")
+        return None
+    try:
+        data = _yaml_load(text)
+    except yaml.YAMLError as exc:
+        problems.append(f"config={path}: not valid YAML ({_yaml_error(exc)}); fix the syntax")
+        return None
+    if data is None:
+        return Layer({})
+    if not isinstance(data, Mapping):
+        problems.append(
+            f"config={path}: the file holds {show(data, 40)}, not a mapping; "
+            "write one key: value per line at the top level"
+        )
+        return None
+    return Layer(data)
+
+
+def override_layer(overrides: Iterable[str], problems: list[str]) -> Layer:
+    """The layer of ``key.path=value`` overrides; each value is parsed as YAML."""
+    pairs: dict[str, Any] = {}
+    for token in overrides:
+        key, eq, text = token.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            problems.append(
+                f"{token}=(missing): not a key=value override; write it as key.path=value, "
+                "like rollout.group_size=8"
+            )
+            continue
+        if not text.strip():
+            problems.append(
+                f"{key}=: empty value; write {key}=null for null or {key}='' for an empty string"
+            )
+            continue
+        try:
+            value = _yaml_load(text)
+        except yaml.YAMLError as exc:
+            problems.append(
+                f"{key}={text}: not a valid YAML value ({_yaml_error(exc)}); "
+                f"quote it: {key}='{text}'"
+            )
+            continue
+        # A stray '#' starts a YAML comment; treat a value that parses to nothing as literal text
+        # unless it is one of YAML's spellings of null.
+        if value is None and text.strip() not in ("null", "Null", "NULL", "~"):
+            value = text
+        # Re-inserting keeps the last occurrence in its latest position (last one wins).
+        pairs.pop(key, None)
+        pairs[key] = value
+    return Layer(pairs, overrides=True)
+
+
+def parse_argv(argv: Sequence[str], schema: Schema) -> tuple[list[str], list[str]]:
+    """Split a command line into YAML paths and ``key=value`` overrides (see config docs)."""
+    paths: list[str] = []
+    overrides: list[str] = []
+    problems: list[str] = []
+    flags = [f"--{s.replace('_', '-')}" for s in schema.spellings()]
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if token in ("--config", "-c") or token.startswith("--config="):
+            if token.startswith("--config="):
+                paths.append(token.partition("=")[2])
+            elif i < len(argv):
+                paths.append(argv[i])
+                i += 1
+            else:
+                problems.append(f"{token}=(missing): needs a path; write {token} CONFIG.yaml")
+            continue
+        if token.startswith("--"):
+            name, eq, value = token[2:].partition("=")
+            if not eq:
+                if i < len(argv) and not argv[i].startswith("--"):
+                    value = argv[i]
+                    i += 1
+                else:
+                    problems.append(
+                        f"--{name}=(missing): needs a value; write --{name} VALUE or --{name}=VALUE"
+                    )
+                    continue
+            key = name.replace("-", "_")
+            if not schema.knows(tuple(key.split("."))):
+                match = suggest(f"--{name}", flags)
+                fix = (
+                    f"did you mean {match}?"
+                    if match
+                    else (
+                        "use a known flag or key.path=value"
+                        + (f" ({schema.reference_hint})" if schema.reference_hint else "")
+                    )
+                )
+                problems.append(f"--{name}={value}: unknown flag; {fix}")
+                continue
+            overrides.append(f"{key}={value}")
+        elif "=" in token:
+            overrides.append(token)
+        elif token.endswith((".yaml", ".yml")) and not token.startswith("-"):
+            paths.append(token)
+        else:
+            problems.append(
+                f"{token}=(missing): neither a YAML file nor key=value; give a .yaml/.yml path, "
+                "key.path=value, or --flag VALUE"
+            )
+    if problems:
+        raise ConfigError(problems)
+    return paths, overrides
+
+
+# -- reference documentation -----------------------------------------------------------------------
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a dataclass (the string literal right after each field)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    classdef = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
+    docs: dict[str, str] = {}
+    body = classdef.body
+    for node, after in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def reference_tables(schema: Schema) -> str:
+    """Markdown: one table per section (key, type, default, description), then the aliases."""
+    out: list[str] = []
+    section_paths: list[tuple[Path_, type]] = [((), schema.root)]
+    for path in schema.fields:
+        if path in schema.sections:
+            section_paths.append((path, _split_optional(schema.fields[path][2])[0]))
+    for path, cls in section_paths:
+        title = f"`{_dotted(path)}`" if path else "Top level"
+        out.append(f"### {title}\n")
+        doc = inspect.cleandoc(cls.__doc__ or "")
+        if doc and not doc.startswith(f"{cls.__name__}("):  # skip dataclass's generated signature
+            out.append(" ".join(doc.split()) + "\n")
+        out.append("| key | type | default | description |")
+        out.append("|---|---|---|---|")
+        docs = field_docs(cls)
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            key = _dotted((*path, f.name))
+            tp = hints[f.name]
+            inner, _ = _split_optional(tp)
+            description = docs.get(f.name, "")
+            if _is_section(inner):
+                default = "see below"
+                description = description or " ".join((inner.__doc__ or "").split())
+            else:
+                d = _default_of(f)
+                default = "required" if d is dataclasses.MISSING else f"`{show(d)}`"
+            rule: Bounds | None = f.metadata.get(_BOUNDS_KEY)
+            if rule is not None:
+                description += f" Must be {rule.describe()}."
+            if _NULL_AS_KEY in f.metadata:
+                description += f" `null` means `{show(f.metadata[_NULL_AS_KEY])}`."
+            out.append(
+                f"| `{key}` | {_cell(_type_name(tp))} | {_cell(default)} | {_cell(description)} |"
+            )
+        out.append("")
+    if schema.aliases:
+        out.append("### Aliases\n")
+        out.append("| alias | canonical key | flag |")
+        out.append("|---|---|---|")
+        for alias, canonical in schema.aliases.items():
+            flag = "--" + _dotted(alias).replace("_", "-")
+            out.append(f"| `{_dotted(alias)}` | `{_dotted(canonical)}` | `{flag}` |")
+        out.append("")
+    return "\n".join(out)

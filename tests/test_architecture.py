@@ -1,0 +1,68 @@
+"""Rules of the house that keep the layers apart."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import stalebound
+
+CORE = Path(stalebound.__file__).parent / "core"
+
+
+def imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_core_imports_only_the_standard_library_and_itself() -> None:
+    forbidden_std = {
+        "threading",
+        "asyncio",
+        "time",
+        "socket",
+        "multiprocessing",
+        "subprocess",
+        "os",
+    }
+    offenders = {}
+    for path in CORE.glob("*.py"):
+        for name in imported_modules(path):
+            top = name.split(".")[0]
+            if top == "stalebound":
+                allowed = name == "stalebound.core" or name.startswith("stalebound.core.")
+            else:
+                allowed = top in sys.stdlib_module_names and top not in forbidden_std
+            if not allowed:
+                offenders[path.name] = name
+    assert offenders == {}
+
+
+def test_import_stalebound_loads_no_heavy_modules() -> None:
+    heavy = ["torch", "ray", "numpy", "transformers", "httpx", "matplotlib", "omegaconf", "yaml"]
+    code = f"import sys, stalebound; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_public_names_are_exported() -> None:
+    for name in ["StalenessBuffer", "BufferState", "EntryState", "ProtocolError", "ConfigError"]:
+        assert name in stalebound.__all__
+        assert getattr(stalebound, name) is not None
+    assert [m.name for m in stalebound.BufferState] == [
+        "PENDING",
+        "STUCK",
+        "READY_WITH_CAPACITY",
+        "READY",
+    ]
+    assert [m.name for m in stalebound.EntryState] == ["EMPTY", "RESERVED", "OCCUPIED"]
+    assert issubclass(stalebound.ConfigError, stalebound.StaleboundError)
+    assert issubclass(stalebound.ProtocolError, stalebound.StaleboundError)
+    assert issubclass(stalebound.InvariantError, stalebound.StaleboundError)

@@ -1,0 +1,760 @@
+"""The configuration mechanism: YAML layers, overrides, aliases, flags, validation, dump, docs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, get_args
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stalebound.config import (
+    ALIASES,
+    StaleboundConfig,
+    config_reference,
+    dump_yaml,
+    load_config,
+    parse_cli_overrides,
+)
+from stalebound.core.errors import ConfigError
+from stalebound.typedconfig import Invalid, Schema, bounds, field_docs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def problems_of(*args: Any, **kwargs: Any) -> tuple[str, ...]:
+    with pytest.raises(ConfigError) as info:
+        load_config(*args, **kwargs)
+    return info.value.problems
+
+
+# -- defaults, files, overrides ---------------------------------------------------------------------
+
+
+def test_no_sources_give_the_defaults() -> None:
+    assert load_config() == StaleboundConfig()
+
+
+def test_yaml_files_merge_in_order_then_overrides(tmp_path: Path) -> None:
+    first = tmp_path / "first.yaml"
+    first.write_text("seed: 1\nrollout:\n  group_size: 8\n  consumer_batch_size: 16\n")
+    second = tmp_path / "second.yml"
+    second.write_text("rollout:\n  group_size: 2\n  proactive_filter: {method: retry}\n")
+    config = load_config([first, str(second)], ["rollout.consumer_batch_size=32", "seed=7"])
+    assert config.seed == 7
+    assert config.rollout.group_size == 2
+    assert config.rollout.consumer_batch_size == 32
+    assert config.rollout.proactive_filter.method == "retry"
+    assert config.rollout.proactive_filter.threshold == 4
+
+
+def test_a_single_path_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 3\n")
+    assert load_config(path).seed == 3  # type: ignore[arg-type]
+
+
+def test_empty_yaml_file_is_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("# nothing yet\n")
+    assert load_config([path]) == StaleboundConfig()
+
+
+def test_override_values_are_yaml() -> None:
+    config = load_config(
+        overrides=[
+            "rollout.max_concurrent_rollouts=64",
+            "rollout.max_concurrent_rollouts=null",
+            "rollout.request_timeout=5",
+            "rollout.reject_stale_results=true",
+            "rollout.staleness_policy=capacity",
+            "rollout.proactive_filter={method: truncate, threshold: 2}",
+        ]
+    )
+    assert config.rollout.max_concurrent_rollouts is None
+    assert config.rollout.request_timeout == 5.0
+    assert isinstance(config.rollout.request_timeout, float)
+    assert config.rollout.reject_stale_results is True
+    assert config.rollout.proactive_filter.method == "truncate"
+    assert config.rollout.proactive_filter.threshold == 2
+
+
+def test_the_same_override_repeated_keeps_the_last() -> None:
+    config = load_config(overrides=["rollout.group_size=3", "rollout.group_size=5"])
+    assert config.rollout.group_size == 5
+
+
+def test_an_empty_section_in_a_later_file_keeps_earlier_settings(tmp_path: Path) -> None:
+    first = tmp_path / "first.yaml"
+    first.write_text("rollout: {group_size: 6}\n")
+    second = tmp_path / "second.yaml"
+    second.write_text("rollout: {}\npsrl: {}\n")
+    assert load_config([first, second]).rollout.group_size == 6
+
+
+def test_a_later_scalar_replaces_a_whole_section(tmp_path: Path) -> None:
+    first = tmp_path / "first.yaml"
+    first.write_text("rollout: {group_size: 6}\n")
+    assert problems_of([first], ["rollout=null"]) == (
+        "rollout=null: must be a mapping of its fields; "
+        "set them one by one, like rollout.staleness_policy=…",
+    )
+
+
+def test_alias_tables_are_checked() -> None:
+    with pytest.raises(TypeError, match=r"targets rollout\.nothing, not a field"):
+        Schema(StaleboundConfig, {"x": "rollout.nothing"})
+    with pytest.raises(TypeError, match="shadows a field"):
+        Schema(StaleboundConfig, {"seed": "rollout.group_size"})
+
+
+def test_dotted_keys_inside_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout.group_size: 6\n")
+    assert load_config([path]).rollout.group_size == 6
+
+
+# -- exact error messages ---------------------------------------------------------------------------
+
+
+def test_bound_violation_message() -> None:
+    assert problems_of(overrides=["rollout.max_head_offpolicyness=-1"]) == (
+        "rollout.max_head_offpolicyness=-1: must be an integer ≥ 0; use 0 for synchronous training",
+    )
+
+
+def test_optional_bound_violation_message() -> None:
+    assert problems_of(overrides=["rollout.max_concurrent_rollouts=0"]) == (
+        "rollout.max_concurrent_rollouts=0: must be an integer ≥ 1 or null; "
+        "allow at least one rollout, or null for all the window allows",
+    )
+
+
+def test_no_silent_coercion_to_int() -> None:
+    assert problems_of(overrides=["rollout.group_size=abc"]) == (
+        "rollout.group_size=abc: must be an integer; write a whole number (default: 4)",
+    )
+    assert problems_of(overrides=["rollout.group_size=4.0"]) == (
+        "rollout.group_size=4.0: must be an integer; write a whole number (default: 4)",
+    )
+    assert problems_of(overrides=['rollout.group_size="4"']) == (
+        "rollout.group_size='4': must be an integer; write a whole number (default: 4)",
+    )
+    assert problems_of(overrides=["rollout.group_size=true"]) == (
+        "rollout.group_size=true: must be an integer; write a whole number (default: 4)",
+    )
+
+
+def test_other_type_messages() -> None:
+    assert problems_of(overrides=["rollout.request_timeout=soon"]) == (
+        "rollout.request_timeout=soon: must be a number; write a number (default: 3600.0)",
+    )
+    assert problems_of(overrides=["rollout.reject_stale_results=1"]) == (
+        "rollout.reject_stale_results=1: must be true or false; "
+        "write rollout.reject_stale_results=true or rollout.reject_stale_results=false",
+    )
+    assert problems_of(overrides=["rollout.filter_groups.metric=3"]) == (
+        'rollout.filter_groups.metric=3: must be a string; quote it: rollout.filter_groups.metric="3"',
+    )
+    assert problems_of(overrides=["rollout.staleness_policy=bufer"]) == (
+        "rollout.staleness_policy=bufer: must be one of buffer, capacity; did you mean buffer?",
+    )
+    assert problems_of(overrides=["rollout.proactive_filter.method=wait"]) == (
+        "rollout.proactive_filter.method=wait: must be one of 'null', retry, truncate; "
+        "use one of them",
+    )
+
+
+def test_null_for_a_non_optional_field() -> None:
+    assert problems_of(overrides=["rollout.group_size=null"]) == (
+        "rollout.group_size=null: must not be null; "
+        "write an integer or remove the key to keep the default (4)",
+    )
+
+
+def test_section_given_a_scalar() -> None:
+    assert problems_of(overrides=["rollout=3"]) == (
+        "rollout=3: must be a mapping of its fields; "
+        "set them one by one, like rollout.staleness_policy=…",
+    )
+
+
+def test_unknown_keys_suggest_the_closest() -> None:
+    assert problems_of(overrides=["rollout.consumer_bach_size=8"]) == (
+        "rollout.consumer_bach_size=8: unknown key; did you mean rollout.consumer_batch_size?",
+    )
+    # A known name in the wrong section points at the right one.
+    assert problems_of(overrides=["group_size=8"]) == (
+        "group_size=8: unknown key; did you mean rollout.group_size?",
+    )
+    assert problems_of(overrides=["psrl.stalenes=2"]) == (
+        "psrl.stalenes=2: unknown key; did you mean psrl.staleness?",
+    )
+    assert problems_of(overrides=["zzzz=1"]) == (
+        "zzzz=1: unknown key; remove it (python -m stalebound.config --reference lists every key)",
+    )
+
+
+def test_unknown_section_is_reported_once_at_its_top(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("rollot:\n  group_size: 3\n  consumer_batch_size: 4\n")
+    assert problems_of([path]) == (
+        "rollot={group_size: 3, consumer_batch_size: 4}: unknown key; did you mean rollout?",
+    )
+
+
+def test_cross_field_rules() -> None:
+    assert problems_of(overrides=["rollout.buffer_size=4"]) == (
+        "rollout.buffer_size=4: must be ≥ consumer_batch_size (8): a buffer holds the batch plus "
+        "its redundancy; use at least 8, or null for B′ = B",
+    )
+    assert problems_of(overrides=["rollout.group_redundancy=2"]) == (
+        "rollout.group_redundancy=2: must be ≥ group_size (4): N′ members are launched to "
+        "finish N; use at least 4, or null for N′ = N",
+    )
+    assert problems_of(overrides=["rollout.reject_stale_results=true"]) == (
+        "rollout.reject_stale_results=true: only applies to staleness_policy=capacity (the buffer "
+        "policy never trains a stale result); set it to false, or use staleness_policy=capacity",
+    )
+
+
+def test_cross_field_rules_name_the_spelling_used() -> None:
+    assert problems_of(overrides=["psrl.redundant_rollout.rollout_n=3"]) == (
+        "psrl.redundant_rollout.rollout_n=3: must be ≥ group_size (4): N′ members are launched "
+        "to finish N; use at least 4, or null for N′ = N",
+    )
+
+
+def test_valid_redundancy_is_accepted() -> None:
+    config = load_config(overrides=["rollout.buffer_size=10", "rollout.group_redundancy=6"])
+    assert (config.rollout.buffer_size, config.rollout.group_redundancy) == (10, 6)
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "seed: x\nrollout:\n  consumer_batch_size: 0\n  group_size: -2\n"
+        "  proactive_filter: {threshold: -1}\n  unknown_thing: 1\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            [path, tmp_path / "missing.yaml"], ["rollout.max_head_offpolicyness=-1", "oops"]
+        )
+    assert str(info.value) == "\n".join(
+        [
+            "8 configuration problems:",
+            f"  - config={tmp_path / 'missing.yaml'}: cannot read it (No such file or directory); "
+            "check the path",
+            "  - oops=(missing): not a key=value override; write it as key.path=value, "
+            "like rollout.group_size=8",
+            "  - seed=x: must be an integer; write a whole number (default: 0)",
+            "  - rollout.max_head_offpolicyness=-1: must be an integer ≥ 0; "
+            "use 0 for synchronous training",
+            "  - rollout.consumer_batch_size=0: must be an integer ≥ 1; "
+            "train on at least one group per step",
+            "  - rollout.group_size=-2: must be an integer ≥ 1; "
+            "use 1 for no grouping, more for GRPO-style groups",
+            "  - rollout.proactive_filter.threshold=-1: must be an integer ≥ 0; "
+            "count RESERVED entries, e.g. 4 (the default)",
+            "  - rollout.unknown_thing=1: unknown key; remove it "
+            "(python -m stalebound.config --reference lists every key)",
+        ]
+    )
+
+
+def test_cross_field_rules_wait_for_valid_fields() -> None:
+    # consumer_batch_size is wrong, so buffer_size is not compared with it.
+    assert problems_of(overrides=["rollout.consumer_batch_size=x", "rollout.buffer_size=4"]) == (
+        "rollout.consumer_batch_size=x: must be an integer; write a whole number (default: 8)",
+    )
+
+
+def test_yaml_syntax_errors_and_non_mappings(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout: [unclosed\n")
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n- b\n")
+    problems = problems_of([bad, listed])
+    assert len(problems) == 2
+    assert problems[0].startswith(f"config={bad}: not valid YAML (")
+    assert problems[0].endswith("); fix the syntax")
+    assert problems[1] == (
+        f"config={listed}: the file holds [a, b], not a mapping; "
+        "write one key: value per line at the top level"
+    )
+
+
+def test_duplicate_yaml_keys_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dup.yaml"
+    path.write_text("seed: 1\nseed: 2\n")
+    (problem,) = problems_of([path])
+    assert "found the key seed twice" in problem
+
+
+def test_bad_override_syntax() -> None:
+    assert problems_of(overrides=["seed="]) == (
+        "seed=: empty value; write seed=null for null or seed='' for an empty string",
+    )
+    (problem,) = problems_of(overrides=["seed=[1, 2"])
+    assert problem.startswith("seed=[1, 2: not a valid YAML value (")
+    assert problem.endswith("); quote it: seed='[1, 2'")
+    assert problems_of(overrides=["rollout..group_size=1"]) == (
+        "rollout..group_size=1: not a valid key; write dot-separated names without spaces, "
+        "like rollout.group_size",
+    )
+
+
+def test_a_hash_is_text_not_a_comment() -> None:
+    config = load_config(overrides=["rollout.filter_groups.metric=#acc"])
+    assert config.rollout.filter_groups.metric == "#acc"
+
+
+# -- aliases ----------------------------------------------------------------------------------------
+
+ALIAS_CASES = [
+    ("max_head_offpolicyness", 5, ("max_head_offpolicyness",)),
+    ("max_concurrent_rollouts", 64, ("max_concurrent_rollouts",)),
+    ("consumer_batch_size", 16, ("consumer_batch_size",)),
+    ("psrl.staleness", 3, ("max_head_offpolicyness",)),
+    ("psrl.rollout_n", 8, ("group_size",)),
+    ("psrl.proactive_filter_strategy.method", "retry", ("proactive_filter", "method")),
+    ("psrl.proactive_filter_strategy.threshold", 2, ("proactive_filter", "threshold")),
+    (
+        "psrl.rollout_coordination.proactive_filter_strategy.method",
+        "truncate",
+        ("proactive_filter", "method"),
+    ),
+    (
+        "psrl.rollout_coordination.proactive_filter_strategy.threshold",
+        7,
+        ("proactive_filter", "threshold"),
+    ),
+    ("psrl.group_post_process.enable", True, ("group_post_process", "enable")),
+    ("psrl.group_post_process.name", "my_filter", ("group_post_process", "name")),
+    ("algorithm.filter_groups.metric", "acc", ("filter_groups", "metric")),
+    ("psrl.redundant_rollout.buffer_size", 12, ("buffer_size",)),
+    ("psrl.redundant_rollout.rollout_n", 6, ("group_redundancy",)),
+]
+
+
+def rollout_value(config: StaleboundConfig, attrs: tuple[str, ...]) -> Any:
+    value: Any = config.rollout
+    for attr in attrs:
+        value = getattr(value, attr)
+    return value
+
+
+def test_alias_cases_cover_the_whole_table() -> None:
+    assert sorted(alias for alias, _, _ in ALIAS_CASES) == sorted(ALIASES)
+    for alias, _, attrs in ALIAS_CASES:
+        assert ALIASES[alias] == "rollout." + ".".join(attrs)
+
+
+@pytest.mark.parametrize(("alias", "value", "attrs"), ALIAS_CASES)
+def test_alias_in_an_override(alias: str, value: Any, attrs: tuple[str, ...]) -> None:
+    config = load_config(overrides=[f"{alias}={yaml.safe_dump(value).splitlines()[0]}"])
+    assert rollout_value(config, attrs) == value
+
+
+@pytest.mark.parametrize(("alias", "value", "attrs"), ALIAS_CASES)
+def test_alias_in_yaml(tmp_path: Path, alias: str, value: Any, attrs: tuple[str, ...]) -> None:
+    nested: Any = value
+    for part in reversed(alias.split(".")):
+        nested = {part: nested}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(nested))
+    assert rollout_value(load_config([path]), attrs) == value
+
+
+def test_psrl_yaml_file(tmp_path: Path) -> None:
+    path = tmp_path / "psrl.yaml"
+    path.write_text(
+        "psrl:\n"
+        "  staleness: 1\n"
+        "  rollout_n: 8\n"
+        "  proactive_filter_strategy:\n"
+        "    method: null\n"
+        "    threshold: 4\n"
+        "  group_post_process:\n"
+        "    enable: true\n"
+        "    name: dynamic_sampling_filter\n"
+        "algorithm:\n"
+        "  filter_groups:\n"
+        "    metric: seq_reward\n"
+    )
+    rollout = load_config([path]).rollout
+    assert rollout.max_head_offpolicyness == 1
+    assert rollout.group_size == 8
+    assert rollout.proactive_filter.method == "null"  # PSRL's YAML null is the "null" method
+    assert rollout.group_post_process.enable is True
+    assert rollout.filter_groups.metric == "seq_reward"
+
+
+def test_null_method_in_an_override(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout: {proactive_filter: {method: retry}}\n")
+    assert load_config([path]).rollout.proactive_filter.method == "retry"
+    for key in ("psrl.proactive_filter_strategy.method", "rollout.proactive_filter.method"):
+        config = load_config([path], [f"{key}=null"])
+        assert config.rollout.proactive_filter.method == "null"
+
+
+def test_two_spellings_with_different_values_conflict(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("max_head_offpolicyness: 2\npsrl:\n  staleness: 3\n")
+    assert problems_of([path]) == (
+        "psrl.staleness=3: conflicts with max_head_offpolicyness=2 "
+        "(both set rollout.max_head_offpolicyness); keep only one of them",
+    )
+    assert problems_of(overrides=["psrl.rollout_n=4", "rollout.group_size=5"]) == (
+        "rollout.group_size=5: conflicts with psrl.rollout_n=4 (both set rollout.group_size); "
+        "keep only one of them",
+    )
+
+
+def test_two_spellings_with_the_same_value_agree(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("max_head_offpolicyness: 3\npsrl: {staleness: 3}\n")
+    assert load_config([path]).rollout.max_head_offpolicyness == 3
+
+
+def test_a_later_source_overrides_another_spelling(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout: {max_head_offpolicyness: 2}\n")
+    config = load_config([path], ["max_head_offpolicyness=9"])
+    assert config.rollout.max_head_offpolicyness == 9
+    assert load_config([path], ["psrl.staleness=0"]).rollout.max_head_offpolicyness == 0
+
+
+def test_alias_errors_name_the_alias() -> None:
+    assert problems_of(overrides=["psrl.staleness=-1"]) == (
+        "psrl.staleness=-1: must be an integer ≥ 0; use 0 for synchronous training",
+    )
+
+
+# -- command-line flags -----------------------------------------------------------------------------
+
+
+def test_flags_positional_files_and_overrides() -> None:
+    paths, overrides = parse_cli_overrides(
+        [
+            "base.yaml",
+            "--max-head-offpolicyness",
+            "1000",
+            "--max-concurrent-rollouts=64",
+            "--consumer-batch-size",
+            "8",
+            "rollout.group_size=2",
+            "--rollout.proactive-filter.threshold",
+            "-1",
+            "--config",
+            "extra.yml",
+        ]
+    )
+    assert paths == ["base.yaml", "extra.yml"]
+    assert overrides == [
+        "max_head_offpolicyness=1000",
+        "max_concurrent_rollouts=64",
+        "consumer_batch_size=8",
+        "rollout.group_size=2",
+        "rollout.proactive_filter.threshold=-1",
+    ]
+
+
+def test_flags_load() -> None:
+    _, overrides = parse_cli_overrides(
+        ["--max-head-offpolicyness", "1000", "--max-concurrent-rollouts", "64"]
+    )
+    rollout = load_config(overrides=overrides).rollout
+    assert (rollout.max_head_offpolicyness, rollout.max_concurrent_rollouts) == (1000, 64)
+
+
+def test_flag_problems_are_reported_together() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_cli_overrides(["--max-head-offpolicy", "3", "notes.txt", "--seed"])
+    assert info.value.problems == (
+        "--max-head-offpolicy=3: unknown flag; did you mean --max-head-offpolicyness?",
+        "notes.txt=(missing): neither a YAML file nor key=value; give a .yaml/.yml path, "
+        "key.path=value, or --flag VALUE",
+        "--seed=(missing): needs a value; write --seed VALUE or --seed=VALUE",
+    )
+
+
+def test_unknown_flag_without_a_close_match() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_cli_overrides(["--qqqqqqq=1"])
+    assert info.value.problems == (
+        "--qqqqqqq=1: unknown flag; use a known flag or key.path=value "
+        "(python -m stalebound.config --reference lists every key)",
+    )
+
+
+# -- dump and round trip ----------------------------------------------------------------------------
+
+
+def test_dump_round_trip(tmp_path: Path) -> None:
+    config = load_config(
+        overrides=[
+            "seed=11",
+            "rollout.staleness_policy=capacity",
+            "rollout.reject_stale_results=true",
+            "rollout.max_concurrent_rollouts=48",
+            "rollout.buffer_size=10",
+            "rollout.proactive_filter.method=null",
+            "rollout.proactive_filter.stuck_timeout_s=2.5",
+            "rollout.filter_groups.metric='123'",
+        ]
+    )
+    path = tmp_path / "dumped.yaml"
+    path.write_text(dump_yaml(config))
+    assert load_config([path]) == config
+    assert load_config([path]) != StaleboundConfig()
+    assert yaml.safe_load(dump_yaml(StaleboundConfig()))["rollout"]["max_head_offpolicyness"] == 2
+
+
+def test_main_prints_the_resolved_config_and_errors() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, "-m", "stalebound.config", "--consumer-batch-size", "16"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load(done.stdout)["rollout"]["consumer_batch_size"] == 16
+    bad = subprocess.run(
+        [sys.executable, "-m", "stalebound.config", "seed=x"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr == "seed=x: must be an integer; write a whole number (default: 0)\n"
+
+
+# -- the reference documentation --------------------------------------------------------------------
+
+
+def test_reference_doc_is_current() -> None:
+    committed = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
+    assert committed == config_reference(), (
+        "docs/config.md is out of date; regenerate it with "
+        "`python -m stalebound.config --reference > docs/config.md`"
+    )
+
+
+def test_reference_lists_every_key_and_alias() -> None:
+    text = config_reference()
+    schema = Schema(StaleboundConfig, ALIASES)
+    for spelling in schema.spellings():
+        assert f"| `{spelling}` |" in text
+    assert "| `rollout.max_head_offpolicyness` | int | `2` | η, the staleness bound" in text
+    assert "| `psrl.staleness` | `rollout.max_head_offpolicyness` | `--psrl.staleness` |" in text
+
+
+def test_every_field_is_documented() -> None:
+    """A field's docstring, or for a section its class docstring, is its reference entry."""
+    schema = Schema(StaleboundConfig)
+    for path, (owner, f, tp) in schema.fields.items():
+        doc = field_docs(owner).get(f.name)
+        if not doc and path in schema.sections:
+            section = tp if isinstance(tp, type) else get_args(tp)[0]
+            generated = f"{section.__name__}("  # what @dataclass writes when there is no docstring
+            doc = None if (section.__doc__ or generated).startswith(generated) else section.__doc__
+        assert doc, f"{'.'.join(path)} has no docstring"
+
+
+def test_reference_from_the_command_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stalebound.config", "--reference"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        check=True,
+    )
+    assert done.stdout == config_reference()
+
+
+# -- the loader is generic over any dataclass tree --------------------------------------------------
+
+
+@dataclass
+class Endpoint:
+    """One server."""
+
+    url: str
+    """Required: where it listens."""
+    weight: float = 1.0
+    """Share of the traffic."""
+
+
+@dataclass
+class Engine:
+    """A toy section with container types."""
+
+    urls: list[str] = field(default_factory=list)
+    """Server addresses."""
+    ports: tuple[int, ...] = (8000,)
+    """Ports to try."""
+    env: dict[str, int] = field(default_factory=dict)
+    """Extra settings."""
+    endpoints: list[Endpoint] = field(default_factory=list)
+    """Servers with weights."""
+    mode: int | str = 0
+    """A number or a name."""
+    kind: Literal["a", "b"] | None = None
+    """Optional choice."""
+
+
+@dataclass
+class Extra:
+    """An optional section."""
+
+    level: int = field(default=1, metadata=bounds(ge=1, le=3, fix="use 1, 2 or 3"))
+    """How much."""
+
+
+@dataclass
+class ToyRoot:
+    """A tree that is not stalebound's."""
+
+    name: str
+    """Required."""
+    engine: Engine = field(default_factory=Engine)
+    """The engine."""
+    extra: Extra | None = None
+    """Off by default."""
+
+    config_aliases: ClassVar[dict[str, str]] = {"servers": "engine.urls"}
+
+    def _validate(self) -> Iterator[Invalid]:
+        if self.extra is not None and self.name == "plain":
+            yield Invalid("extra.level", "needs a fancy name", "rename it or drop extra")
+
+
+def test_generic_tree_containers() -> None:
+    toy = load_config(
+        overrides=[
+            "name=x",
+            "servers=[http://a,http://b]",
+            "engine.ports=[1, 2]",
+            "engine.env={a: 1}",
+            "engine.endpoints=[{url: http://c, weight: 2}]",
+            "engine.mode=fast",
+            "engine.kind=b",
+            "extra.level=3",
+        ],
+        base=ToyRoot,
+    )
+    assert toy.engine.urls == ["http://a", "http://b"]
+    assert toy.engine.ports == (1, 2)
+    assert toy.engine.env == {"a": 1}
+    assert toy.engine.endpoints == [Endpoint("http://c", 2.0)]
+    assert toy.engine.mode == "fast"
+    assert toy.extra == Extra(3)
+    text = dump_yaml(toy)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "toy.yaml"
+        path.write_text(text)
+        assert load_config([path], base=ToyRoot) == toy
+
+
+def test_generic_tree_problems() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(
+            overrides=[
+                "engine.urls=http://a",
+                "engine.ports=[1, x]",
+                "engine.env={a: b}",
+                "engine.endpoints=[{weight: 2, wieght: 3}]",
+                "engine.mode=[1]",
+                "extra.level=4",
+            ],
+            base=ToyRoot,
+        )
+    assert info.value.problems == (
+        "name=(missing): required; give a string",
+        "engine.urls=http://a: must be a list; write a list: engine.urls=[http://a]",
+        "engine.ports[1]=x: must be an integer; write a whole number",
+        "engine.env.a=b: must be an integer; write a whole number",
+        "engine.endpoints[0].url=(missing): required; give a string",
+        "engine.endpoints[0].wieght=3: unknown key; did you mean engine.endpoints[0].weight?",
+        "engine.mode=[1]: must be an integer or a string; write an integer or a string (default: 0)",
+        "extra.level=4: must be an integer ≥ 1 and ≤ 3; use 1, 2 or 3",
+    )
+
+
+def test_generic_tree_optional_section_and_hook() -> None:
+    assert load_config(overrides=["name=x", "extra=null"], base=ToyRoot).extra is None
+    assert load_config(overrides=["name=x"], base=ToyRoot).extra is None
+    assert load_config(overrides=["name=x", "extra={}"], base=ToyRoot).extra == Extra()
+    assert load_config(data=[{"name": "x", "extra": {}}], base=ToyRoot).extra == Extra()
+    assert problems_of(overrides=["name=plain", "extra.level=2"], base=ToyRoot) == (
+        "extra.level=2: needs a fancy name; rename it or drop extra",
+    )
+
+
+# -- fuzz: nothing but ConfigError ------------------------------------------------------------------
+
+KEYS = [*Schema(StaleboundConfig, ALIASES).spellings(), "rollout", "psrl", "zz", "a.b", ""]
+yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+override_tokens = st.lists(
+    st.one_of(
+        st.text(max_size=20),
+        st.tuples(st.sampled_from(KEYS), st.text(max_size=10)).map("=".join),
+        st.tuples(st.sampled_from(KEYS), st.sampled_from(["-1", "0", "7", "null", "[1]"])).map(
+            "=".join
+        ),
+    ),
+    max_size=4,
+)
+
+
+def assert_round_trips(config: StaleboundConfig) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "dumped.yaml"
+        path.write_text(dump_yaml(config), encoding="utf-8")
+        assert load_config([path]) == config
+
+
+@settings(max_examples=150, deadline=None)
+@given(override_tokens)
+def test_fuzz_overrides_raise_only_config_error(tokens: list[str]) -> None:
+    with contextlib.suppress(ConfigError):
+        assert_round_trips(load_config(overrides=tokens))
+    with contextlib.suppress(ConfigError):
+        parse_cli_overrides(tokens)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), yaml_values, max_size=4))
+def test_fuzz_yaml_values_raise_only_config_error(mapping: dict[str, Any]) -> None:
+    with contextlib.suppress(ConfigError):
+        assert_round_trips(load_config(data=[mapping]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=60))
+def test_fuzz_yaml_text_raises_only_config_error(text: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fuzz.yaml"
+        path.write_text(text, encoding="utf-8", errors="surrogatepass")
+        with contextlib.suppress(ConfigError):
+            load_config([path])

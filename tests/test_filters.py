@@ -1,0 +1,92 @@
+"""Pure filter decisions: the dynamic sampling filter and the proactive filter."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalebound import BufferState, ConfigError, StalenessBuffer
+from stalebound.core.filters import (
+    PostProcessDecision,
+    StuckTimer,
+    dynamic_sampling_filter,
+    get_group_post_process,
+    proactive_filter_targets,
+    register_group_post_process,
+)
+
+
+def test_dynamic_sampling_filter_drops_zero_variance_groups() -> None:
+    same = [{"score": 1.0}, {"score": 1.0}, {"score": 1.0}]
+    mixed = [{"score": 1.0}, {"score": 0.0}]
+    assert dynamic_sampling_filter(same) == PostProcessDecision(
+        False, "zero variance: every score = 1"
+    )
+    assert dynamic_sampling_filter(mixed).keep
+    assert dynamic_sampling_filter([{"score": 0.0}]).keep  # one member: no variance to judge
+
+
+def test_metric_by_name_nested_attribute_or_callable() -> None:
+    class Traj:
+        def __init__(self, acc: float) -> None:
+            self.metrics = {"acc": acc}
+
+    assert not dynamic_sampling_filter([Traj(0.0), Traj(0.0)], "acc").keep
+    assert dynamic_sampling_filter(
+        [{"metrics": {"seq_reward": 1}}, {"seq_reward": 2}], "seq_reward"
+    ).keep
+    assert not dynamic_sampling_filter([{"r": 3}, {"r": 3}], lambda t: t["r"]).keep
+    with pytest.raises(
+        ConfigError, match=r"filter_groups.metric='acc': a trajectory has no such metric"
+    ):
+        dynamic_sampling_filter([{"score": 1}, {"score": 2}], "acc")
+
+
+def test_registry_finds_builtins_and_user_post_processors() -> None:
+    assert get_group_post_process("dynamic_sampling_filter") is dynamic_sampling_filter
+
+    @register_group_post_process("drop_long")
+    def drop_long(members, metric):  # type: ignore[no-untyped-def]
+        return PostProcessDecision(all(len(m["text"]) < 5 for m in members), "too long")
+
+    assert get_group_post_process("drop_long") is drop_long
+    with pytest.raises(
+        ConfigError,
+        match=r"group_post_process.name='nope': no such post-processor \(registered: .*drop_long.*dynamic_sampling_filter",
+    ):
+        get_group_post_process("nope")
+    with pytest.raises(ConfigError, match="already registered"):
+        register_group_post_process("drop_long")(lambda m, k: PostProcessDecision(True))
+
+
+def stuck_buffer() -> StalenessBuffer:
+    buf = StalenessBuffer(batch_size=3, staleness=0)
+    for g in "abc":
+        buf.try_reserve(g)
+    buf.occupy("a")
+    assert buf.state(0) is BufferState.STUCK
+    return buf
+
+
+def test_proactive_filter_names_the_stragglers_of_a_stuck_head_within_threshold() -> None:
+    buf = stuck_buffer()
+    assert proactive_filter_targets(buf, threshold=2) == ("b", "c")
+    assert proactive_filter_targets(buf, threshold=1) == ()  # too many still running
+    assert proactive_filter_targets(buf, threshold=2, stuck_for=1.0, stuck_timeout_s=5.0) == ()
+    assert proactive_filter_targets(buf, threshold=2, stuck_for=5.0, stuck_timeout_s=5.0) == (
+        "b",
+        "c",
+    )
+    buf.occupy("b")
+    buf.occupy("c")
+    assert proactive_filter_targets(buf, threshold=2) == ()  # READY, nothing to do
+
+
+def test_stuck_timer_measures_stuck_intervals() -> None:
+    buf = stuck_buffer()
+    timer = StuckTimer()
+    assert timer.observe(buf, 10.0) == 0.0
+    assert timer.observe(buf, 12.5) == 2.5
+    buf.occupy("b")
+    buf.occupy("c")
+    assert timer.observe(buf, 13.0) == 0.0
+    assert timer.stuck_seconds(20.0) == 3.0
