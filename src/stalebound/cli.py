@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     from stalebound.obs.cli import register as register_plot
 
     register_plot(sub)
+    from stalebound.sim import cli as sim_cli
+
+    sim_cli.register(sub)
     return parser
 
 
