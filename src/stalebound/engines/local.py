@@ -215,12 +215,15 @@ class LocalEngine:
             if self._closed is not None:
                 return
             self._closed = f"engine {self.name!r} was closed"
-        try:
-            with self._send_lock:
-                self._conn.send(("shutdown",))
-        except OSError:
-            pass  # the worker is already gone
-        self._process.join(timeout)
+        if self._ready.done():
+            try:
+                with self._send_lock:
+                    self._conn.send(("shutdown",))
+            except OSError:
+                pass  # the worker is already gone
+            self._process.join(timeout)
+        else:
+            self._process.terminate()  # still loading the model: nothing in flight to finish
         if self._process.is_alive():
             _log.warning("engine %r: worker did not exit in %.1f s, terminating", self.name, timeout)
             self._process.terminate()
