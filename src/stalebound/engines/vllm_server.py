@@ -194,6 +194,8 @@ def start_vllm_server(
     served_model_name: str | None = None,
     max_model_len: int = 256,
     dtype: str = "float32",
+    enforce_eager: bool = True,
+    scale_out: bool = True,
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     startup_timeout: float = 600.0,
@@ -204,6 +206,9 @@ def start_vllm_server(
     (:func:`default_model_dir`). ``port=0`` picks a free port. The server's stdout and stderr go to
     ``log_path`` (default: ``vllm-server-<port>.log`` in the model's parent directory).
     ``served_model_name`` defaults to the model directory path (what vLLM itself does).
+    ``enforce_eager`` skips ``torch.compile`` (a tiny model gains nothing from it, and compiling
+    costs one to several minutes at startup on a small CPU machine). ``scale_out`` enables vLLM's
+    token endpoint ``/inference/v1/generate`` (``VLLMEngine(api="generate")``).
     ``env`` is added to :data:`DEFAULT_SERVER_ENV` and the caller's environment. ``extra_args`` are
     appended to the server's command line.
 
@@ -239,6 +244,8 @@ def start_vllm_server(
         dtype,
         "--max-model-len",
         str(max_model_len),
+        *(["--enforce-eager"] if enforce_eager else []),
+        *(["--enable-scale-out"] if scale_out else []),
         *extra_args,
     ]
     full_env = {**os.environ, **DEFAULT_SERVER_ENV, **(env or {})}
