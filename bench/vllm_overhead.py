@@ -81,14 +81,19 @@ async def _bounded(concurrency: int, jobs: list[Callable[[], Awaitable[int]]]) -
 
 
 def _body(ctx: Context, request: GenerateRequest, stream: bool) -> dict[str, Any]:
+    # The same fields the engine sends, so that only the client differs.
     return {
         "model": ctx.model,
         "prompt": list(request.input_ids),
         "max_tokens": request.sampling.max_new_tokens,
         "temperature": 0.0,
+        "top_p": 1.0,
+        "seed": 0,
+        "stop_token_ids": [],
         "ignore_eos": True,
         "logprobs": 0,
         "return_token_ids": True,
+        "skip_special_tokens": False,
         "stream": stream,
     }
 
@@ -253,11 +258,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.concurrency}, {args.rounds} rounds (median):"
     )
     base = statistics.median(results[BASELINE]) if BASELINE in results else None
-    print(f"{'variant':<16} {'traj/s':>9} {'tokens/s':>10} {'vs ' + BASELINE:>14}")
+    print(
+        f"{'variant':<16} {'traj/s':>9} {'tokens/s':>10} {'vs ' + BASELINE:>14}   rounds (traj/s)"
+    )
     for name in names:
         rate = statistics.median(results[name])
         ratio = f"{rate / base:.3f}" if base else "-"
-        print(f"{name:<16} {rate:>9.1f} {rate * args.max_new_tokens:>10.0f} {ratio:>14}")
+        rounds = " ".join(f"{x:.1f}" for x in results[name])
+        print(f"{name:<16} {rate:>9.1f} {rate * args.max_new_tokens:>10.0f} {ratio:>14}   {rounds}")
     print(f"retried after a transport error: raw {ctx.raw_retries}, engines {ctx.engine_retries}")
     return 0
 

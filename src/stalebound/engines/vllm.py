@@ -75,7 +75,7 @@ import os
 import time
 import zlib
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, TypeAlias
@@ -199,7 +199,7 @@ class _HTTPEngine:
         retries: int = 4,
         backoff: float = 0.25,
         max_connections: int = 512,
-        abort_timeout: float = 10.0,
+        abort_timeout: float = 5.0,
     ) -> None:
         problems = []
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -561,7 +561,15 @@ class _HTTPEngine:
         task = live.task
         if task is None or task.done():
             return
-        if await self._server_abort(live):
+        try:
+            asked = await self._server_abort(live)
+        except (EngineAPIError, EngineUnavailableError) as exc:
+            # Disconnecting still stops the request; only the final chunk is lost.
+            _log.warning(
+                "%s %s: server-side abort failed (%s); disconnecting", self._name, self.url, exc
+            )
+            asked = False
+        if asked:
             # The server ends the stream itself (with its final chunk); wait for it.
             done, _ = await asyncio.wait({task}, timeout=self._abort_timeout)
             if done:
@@ -790,6 +798,9 @@ class VLLMEngine(_HTTPEngine):
     per-request seeds for requests without one. ``timeout``/``connect_timeout``: seconds per HTTP
     operation (a stream's read timeout is the longest pause between two chunks). ``retries`` and
     ``backoff``: transient errors are retried ``retries`` times, waiting ``backoff * 2**k`` s.
+    ``abort_timeout``: how long an abort on the token endpoint waits for the server's final chunk
+    (which carries the versions) before it disconnects instead. ``max_connections``: the size of
+    the connection pool (one connection per streaming request in flight).
 
     Call ``await engine.start()`` (or use ``async with``) before generating; it waits for the
     server and learns the model name, its context length and its weight version.
@@ -812,7 +823,7 @@ class VLLMEngine(_HTTPEngine):
         retries: int = 4,
         backoff: float = 0.25,
         max_connections: int = 512,
-        abort_timeout: float = 10.0,
+        abort_timeout: float = 5.0,
     ) -> None:
         problems = []
         if api not in ("completions", "generate"):
@@ -1164,13 +1175,3 @@ class SGLangEngine(_HTTPEngine):
         finally:
             if not self._user_paused:
                 await self._resume_server()
-
-
-def engines_for(
-    urls: Sequence[str], *, kind: Literal["vllm", "sglang"] = "vllm", **kwargs: Any
-) -> list[_HTTPEngine]:
-    """One engine per URL (a replica set for :class:`~stalebound.engines.router.Router`)."""
-    if not urls:
-        raise ConfigError("urls=[]: give at least one server URL")
-    cls: type[_HTTPEngine] = VLLMEngine if kind == "vllm" else SGLangEngine
-    return [cls(url, **kwargs) for url in urls]
