@@ -3,8 +3,10 @@
 Every variant generates the same trajectories (same prompts, greedy, ``max_new_tokens`` tokens,
 ``--concurrency`` in flight) against the same server, in one run; the variants take turns in each
 round so that drift of the shared machine hits all of them alike. Printed: the median
-trajectories/s and tokens/s over the rounds, and each variant's ratio to the raw streaming client
-(the same wire format as the engine's default, parsed minimally).
+trajectories/s and tokens/s over the rounds, each variant's ratio to the raw streaming client
+(the same wire format as the engine's default, parsed minimally), and the client process's CPU
+time per trajectory — the client's own cost, which on a busy machine is a steadier measure of
+overhead than throughput (the server's share of the cores varies from round to round).
 
 Variants (add one by writing an ``async def run_x(ctx, requests) -> int`` that returns the number of
 generated tokens, and listing it in ``VARIANTS``):
@@ -195,8 +197,12 @@ def _requests(tag: str, n: int, max_new_tokens: int) -> list[GenerateRequest]:
     ]
 
 
-async def _measure(ctx: Context, names: list[str], rounds: int, n: int) -> dict[str, list[float]]:
+async def _measure(
+    ctx: Context, names: list[str], rounds: int, n: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Trajectories/s and client CPU milliseconds per trajectory, per variant and round."""
     results: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for name in names:  # warm-up: connections, server caches
         await VARIANTS[name](ctx, _requests(f"warm-{name}", min(n, ctx.concurrency), 4))
     for r in range(rounds):
@@ -204,12 +210,14 @@ async def _measure(ctx: Context, names: list[str], rounds: int, n: int) -> dict[
         for name in order:
             requests = _requests(f"{name}-{r}", n, ctx.max_new_tokens)
             started = time.perf_counter()
+            cpu_started = time.process_time()
             tokens = await VARIANTS[name](ctx, requests)
             seconds = time.perf_counter() - started
+            cpu[name].append(1000 * (time.process_time() - cpu_started) / n)
             if tokens != n * ctx.max_new_tokens:
                 raise RuntimeError(f"{name}: {tokens} tokens, expected {n * ctx.max_new_tokens}")
             results[name].append(n / seconds)
-    return results
+    return results, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         url = server.url
     ctx = Context(url, "", args.concurrency, args.max_new_tokens)
 
-    async def run() -> dict[str, list[float]]:
+    async def run() -> tuple[dict[str, list[float]], dict[str, list[float]]]:
         await _setup(ctx)
         try:
             return await _measure(ctx, names, args.rounds, args.trajectories)
@@ -248,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             await _teardown(ctx)
 
     try:
-        results = asyncio.run(run())
+        results, cpu = asyncio.run(run())
     finally:
         if server is not None:
             server.stop()
@@ -259,13 +267,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     base = statistics.median(results[BASELINE]) if BASELINE in results else None
     print(
-        f"{'variant':<16} {'traj/s':>9} {'tokens/s':>10} {'vs ' + BASELINE:>14}   rounds (traj/s)"
+        f"{'variant':<16} {'traj/s':>8} {'tokens/s':>9} {'vs ' + BASELINE:>14} "
+        f"{'client CPU ms/traj':>19}   rounds (traj/s)"
     )
     for name in names:
         rate = statistics.median(results[name])
         ratio = f"{rate / base:.3f}" if base else "-"
         rounds = " ".join(f"{x:.1f}" for x in results[name])
-        print(f"{name:<16} {rate:>9.1f} {rate * args.max_new_tokens:>10.0f} {ratio:>14}   {rounds}")
+        ms = statistics.median(cpu[name])
+        print(
+            f"{name:<16} {rate:>8.1f} {rate * args.max_new_tokens:>9.0f} {ratio:>14} "
+            f"{ms:>19.2f}   {rounds}"
+        )
     print(f"retried after a transport error: raw {ctx.raw_retries}, engines {ctx.engine_retries}")
     return 0
 

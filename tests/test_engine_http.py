@@ -54,6 +54,8 @@ class FakeSGLang:
     incremental: bool = False
     token_delay: float = 0.0
     fail_next_generate: int = 0
+    break_after: int | None = None
+    """Drop the connection of the next /generate after this many tokens."""
     bodies: list[tuple[str, Any]] = field(default_factory=list)
     aborted: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -157,6 +159,11 @@ def _handler(state: FakeSGLang) -> type[BaseHTTPRequestHandler]:
                     meta["output_token_logprobs"] = []
                 out = {"output_ids": new_ids if state.incremental else list(ids), "meta_info": meta}
                 self._chunk(b"data: " + json.dumps(out).encode() + b"\n\n")
+                if state.break_after is not None and len(ids) >= state.break_after:
+                    state.break_after = None
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 if state.token_delay:
                     time.sleep(state.token_delay)
             self._chunk(b"data: [DONE]\n\n")
@@ -360,6 +367,21 @@ def test_transient_503_is_retried_and_counted(fake: tuple[FakeSGLang, str]) -> N
             response = await engine.agenerate(_request("t", 4))
             assert len(response.output_ids) == 4
             assert engine.statistics().retries == 2
+
+    asyncio.run(main())
+
+
+def test_a_broken_stream_continues_as_a_new_segment(fake: tuple[FakeSGLang, str]) -> None:
+    state, url = fake
+    state.break_after = 4
+
+    async def main() -> None:
+        async with SGLangEngine(url, backoff=0.001) as engine:
+            response = await engine.agenerate(_request("b", 10))
+            assert engine.statistics().stream_retries == 1
+        # The toy model is a function of the context, so the resumed sequence is the same.
+        assert list(response.output_ids) == _expected([1, 5, 9], 10, 0)
+        assert response.finish_reason == "length" and response.resubmits == 0
 
     asyncio.run(main())
 

@@ -450,7 +450,7 @@ class _HTTPEngine:
                 finish = "abort"
                 break
             remaining = budget - len(live.ids)
-            if remaining <= 0:
+            if remaining <= 0 or self._context_full(len(request.input_ids) + len(live.ids)):
                 finish = "length"
                 break
             live.interrupted = False
@@ -469,36 +469,40 @@ class _HTTPEngine:
                 raise
             finally:
                 live.task = None
-            if task.cancelled():
-                reason: str | None = None
-            else:
+            broken: str | None = None
+            reason: str | None = None
+            if not task.cancelled():
                 try:
                     reason = task.result()
                 except _StreamBroken as exc:
-                    stream_failures += 1
-                    if stream_failures > self._retries:
-                        raise EngineUnavailableError(
-                            f"{self._name} server {self.url}: the stream of request "
-                            f"{request.request_id!r} broke {stream_failures} times ({exc}); "
-                            "is the server overloaded or restarting?"
-                        ) from exc
-                    self._counts["stream_retries"] += 1
-                    await asyncio.sleep(self._backoff * 2 ** (stream_failures - 1))
-                    continue
+                    broken = str(exc)
             if live.is_aborted():
                 finish = "abort"
+            elif live.interrupted:
+                # A weight update ended the segment (resubmit mode): continue as a new one.
+                if reason in ("stop", "length"):
+                    finish = "length" if reason == "length" else "stop"
+                elif live.ids and live.ids[-1] in request.sampling.stop_token_ids:
+                    finish = "stop"
+                else:
+                    live.resubmits += 1
+                    self._counts["resubmits"] += 1
             elif reason in ("stop", "length"):
                 finish = "length" if reason == "length" else "stop"
-            elif reason == "abort" or reason is None:
-                # Ended by a weight update (resubmit), or aborted on the server by someone else.
-                if live.interrupted or reason is None:
-                    if live.ids and live.ids[-1] in request.sampling.stop_token_ids:
-                        finish = "stop"
-                    else:
-                        live.resubmits += 1
-                        self._counts["resubmits"] += 1
-                else:
-                    finish = "abort"
+            elif reason == "abort":
+                finish = "abort"  # aborted on the server by someone else
+            elif reason is None:
+                # The stream broke or ended without a finish reason: continue as a new segment.
+                stream_failures += 1
+                if stream_failures > self._retries:
+                    raise EngineUnavailableError(
+                        f"{self._name} server {self.url}: the stream of request "
+                        f"{request.request_id!r} ended early {stream_failures} times "
+                        f"({broken or 'no finish reason'}); is the server overloaded or "
+                        "restarting?"
+                    )
+                self._counts["stream_retries"] += 1
+                await asyncio.sleep(self._backoff * 2 ** (stream_failures - 1))
             else:
                 raise EngineAPIError(
                     f"{self._name} server {self.url}: request {request.request_id!r} finished "
@@ -749,6 +753,10 @@ class _HTTPEngine:
     def _parse_chunk(self, obj: Any, path: str) -> _Chunk:
         raise NotImplementedError
 
+    def _context_full(self, length: int) -> bool:
+        """Whether a sequence of ``length`` tokens leaves no room in the model's context."""
+        return False
+
     async def _server_abort(self, live: _Live) -> bool:
         """Ask the server to abort ``live``'s segment; ``False`` if the engine aborts by
         disconnecting instead."""
@@ -886,6 +894,9 @@ class VLLMEngine(_HTTPEngine):
         length = entry.get("max_model_len")
         self.max_model_len = int(length) if isinstance(length, int) else None
         await super()._after_ready()
+
+    def _context_full(self, length: int) -> bool:
+        return self.max_model_len is not None and length >= self.max_model_len
 
     _DEV_HINT: Final[str] = (
         "this is a dev-mode endpoint: start the server with VLLM_SERVER_DEV_MODE=1 in its "
