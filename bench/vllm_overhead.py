@@ -53,7 +53,6 @@ class Context:
     concurrency: int
     max_new_tokens: int
     engines: dict[str, Any] = field(default_factory=dict)
-    client: httpx.AsyncClient | None = None
     raw_retries: int = 0
     engine_retries: int = 0
 
@@ -105,11 +104,12 @@ def _body(ctx: Context, request: GenerateRequest, stream: bool) -> dict[str, Any
 
 def _raw_stream(close_at_done: bool) -> Variant:
     async def run(ctx: Context, requests: list[GenerateRequest]) -> int:
-        assert ctx.client is not None
-        client = ctx.client
+        async with _client() as client:
 
-        def job(request: GenerateRequest) -> Callable[[], Awaitable[int]]:
-            async def go() -> int:
+            def job(request: GenerateRequest) -> Callable[[], Awaitable[int]]:
+                return lambda: _retrying(ctx, lambda: go(request))
+
+            async def go(request: GenerateRequest) -> int:
                 n = 0
                 body = _body(ctx, request, True)
                 async with client.stream("POST", f"{ctx.url}/v1/completions", json=body) as reply:
@@ -122,26 +122,21 @@ def _raw_stream(close_at_done: bool) -> Variant:
                             n += len(json.loads(line[5:])["choices"][0]["token_ids"] or ())
                 return n
 
-            return lambda: _retrying(ctx, go)
-
-        return await _bounded(ctx.concurrency, [job(r) for r in requests])
+            return await _bounded(ctx.concurrency, [job(r) for r in requests])
 
     return run
 
 
 async def run_raw_nostream(ctx: Context, requests: list[GenerateRequest]) -> int:
-    assert ctx.client is not None
-    client = ctx.client
+    async with _client() as client:
 
-    def job(request: GenerateRequest) -> Callable[[], Awaitable[int]]:
-        async def go() -> int:
+        async def go(request: GenerateRequest) -> int:
             reply = await client.post(f"{ctx.url}/v1/completions", json=_body(ctx, request, False))
             reply.raise_for_status()
             return len(reply.json()["choices"][0]["token_ids"])
 
-        return lambda: _retrying(ctx, go)
-
-    return await _bounded(ctx.concurrency, [job(r) for r in requests])
+        jobs = [lambda r=r: _retrying(ctx, lambda: go(r)) for r in requests]
+        return await _bounded(ctx.concurrency, jobs)
 
 
 def _through(name: str) -> Variant:
@@ -169,11 +164,17 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-async def _setup(ctx: Context) -> None:
-    ctx.client = httpx.AsyncClient(
+def _client() -> httpx.AsyncClient:
+    # A fresh client (and pool) per batch, as a short script would write it: a pool kept across
+    # batches holds connections the server closed meanwhile, which httpcore re-checks on every
+    # request event (a CPU cost of the client, not of the server).
+    return httpx.AsyncClient(
         timeout=httpx.Timeout(300.0, connect=5.0),
         limits=httpx.Limits(max_connections=512, max_keepalive_connections=512),
     )
+
+
+async def _setup(ctx: Context) -> None:
     completions = VLLMEngine(ctx.url, api="completions")
     generate = VLLMEngine(ctx.url, api="generate")
     replicas = [VLLMEngine(ctx.url), VLLMEngine(ctx.url)]
@@ -193,8 +194,6 @@ async def _teardown(ctx: Context) -> None:
         stats = engine.statistics()
         ctx.engine_retries += stats.retries + stats.stream_retries
         await engine.aclose()
-    if ctx.client is not None:
-        await ctx.client.aclose()
 
 
 def _requests(tag: str, n: int, max_new_tokens: int) -> list[GenerateRequest]:

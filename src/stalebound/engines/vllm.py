@@ -4,10 +4,11 @@ Both implement :class:`~stalebound.engines.protocol.InferenceEngine` with an ``h
 (one connection pool per engine and event loop). Every request is streamed, so the tokens received
 so far are always at hand: an abort, a weight update or a dropped connection keeps them. A stream
 stops being read at its ``[DONE]`` event, which closes its connection instead of returning it to the
-pool: measured with 64 concurrent streams on loopback, httpcore's pool bookkeeping (a scan of every
-pooled connection on each request event) cost the client about twice the CPU per request that a
-fresh connection does (``bench/vllm_overhead.py``: ``raw-stream`` vs ``raw-stream-close``). The
-control calls (health, pause, reload, ...) use pooled connections.
+pool. So the pool holds only the control calls' connections (health, pause, reload, ...), and a
+stream never starts on a pooled connection that the server has meanwhile closed for idleness (vLLM's
+uvicorn does so after 5 s; a raw client that pools its streams meets those as ``ReadError`` s). On
+loopback a new connection per stream costs the client about as much CPU as a pooled one
+(``bench/vllm_overhead.py``: ``raw-stream`` vs ``raw-stream-close``).
 
 Wire formats (``VLLMEngine(api=...)``):
 
