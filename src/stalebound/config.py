@@ -22,6 +22,7 @@ from stalebound.typedconfig import Invalid, bounds, null_means
 
 __all__ = [
     "ALIASES",
+    "TRAIN_RECIPE",
     "EngineConfig",
     "FilterGroupsConfig",
     "GroupPostProcessConfig",
@@ -87,7 +88,7 @@ class RolloutConfig:
     """η, the staleness bound: a trajectory generated at version V is trained at V + η at the latest.
     0 is synchronous training. Aliases: ``psrl.staleness``, ``--max-head-offpolicyness``."""
     consumer_batch_size: int = field(
-        default=32, metadata=bounds(ge=1, fix="train on at least one group per step")
+        default=8, metadata=bounds(ge=1, fix="train on at least one group per step")
     )
     """B, groups per training step."""
     max_concurrent_rollouts: int | None = field(
@@ -96,7 +97,7 @@ class RolloutConfig:
     )
     """The most groups generating at once; ``None`` means ``(η + 1)·B′``, all the window allows."""
     group_size: int = field(
-        default=8, metadata=bounds(ge=1, fix="use 1 for no grouping, more for GRPO-style groups")
+        default=4, metadata=bounds(ge=1, fix="use 1 for no grouping, more for GRPO-style groups")
     )
     """N, trajectories per group (GRPO's group). Alias: ``psrl.rollout_n``."""
     buffer_size: int | None = field(
@@ -336,6 +337,10 @@ def load_config(
     if problems:
         raise ConfigError(problems)
     return config
+
+
+TRAIN_RECIPE = Path(__file__).parent / "configs" / "train.yaml"
+"""The main job's recipe: the base layer of ``stalebound train`` and ``stalebound bench``."""
 
 
 def parse_cli_overrides(

@@ -119,7 +119,7 @@ def main(argv: Sequence[str]) -> int:
         staleness, args = values, args[:i] + args[j:]
     try:
         paths, overrides = parse_cli_overrides(args)
-        cfg = load_config(paths, overrides)
+        cfg = load_config([TRAIN_RECIPE, *paths], overrides)
     except ConfigError as e:
         print(f"stalebound bench: {e}", file=sys.stderr)
         return 2
