@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from stalebound.config import StaleboundConfig, load_config, parse_cli_overrides
+from stalebound.config import TRAIN_RECIPE, StaleboundConfig, load_config, parse_cli_overrides
 from stalebound.core.errors import ConfigError
 
 __all__ = ["main", "run_bench"]
