@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stalebound.core.buffer import BufferState, StalenessBuffer
+from stalebound.core.buffer import BufferState, EntryState, StalenessBuffer
 from stalebound.core.errors import ConfigError
 
 __all__ = [
@@ -27,7 +27,9 @@ __all__ = [
     "GroupPostProcess",
     "PostProcessDecision",
     "StuckTimer",
+    "buffer_progress",
     "dynamic_sampling_filter",
+    "eligible_targets",
     "get_group_post_process",
     "group_post_processes",
     "member_metric",
@@ -142,6 +144,10 @@ class StuckTimer:
             self.total_stuck_s[v] = self.total_stuck_s.get(v, 0.0) + now - self._since.pop(v)
         return 0.0
 
+    def open_intervals(self) -> Mapping[int, float]:
+        """Buffers STUCK right now (as last observed), each with the time it became STUCK."""
+        return dict(self._since)
+
     def stuck_seconds(self, now: float) -> float:
         """Total STUCK time so far, the open interval included."""
         return sum(self.total_stuck_s.values()) + sum(now - t for t in self._since.values())
@@ -166,3 +172,29 @@ def proactive_filter_targets(
         return ()
     reserved = buf.reserved_groups(v)
     return reserved if len(reserved) <= threshold else ()
+
+
+def eligible_targets(
+    targets: Sequence[Hashable], attempts: Mapping[Hashable, int], limit: int
+) -> tuple[Hashable, ...]:
+    """The targets acted on fewer than ``limit`` times so far (``attempts``, missing = 0).
+
+    ``retry`` passes how often each group's prompt was already retried and
+    ``proactive_filter.max_retries``: a fresh retry that lands in the head buffer again is then not
+    retried at once, so retrying can never loop. ``truncate`` passes 1 and the groups already being
+    truncated, so each is truncated once.
+    """
+    return tuple(g for g in targets if attempts.get(g, 0) < limit)
+
+
+def buffer_progress(buf: StalenessBuffer) -> str:
+    """One line per window: each buffer's occupied / reserved / empty entries and state."""
+    v = buf.version
+    parts = []
+    for b in range(v, v + buf.staleness + 1):
+        e = buf.entries(b)
+        parts.append(
+            f"b{b} {buf.state(b).name} occ {e[EntryState.OCCUPIED]} "
+            f"res {e[EntryState.RESERVED]} emp {e[EntryState.EMPTY]}"
+        )
+    return f"version {v}: " + " | ".join(parts)
