@@ -50,10 +50,9 @@ class ProactiveFilterConfig:
     )
     """Act only once the buffer has been STUCK this long (seconds); ``None`` acts at once."""
     max_retries: int = field(
-        default=1, metadata=bounds(ge=0, fix="e.g. 1 (the default); 0 never retries a prompt")
+        default=2, metadata=bounds(ge=0, fix="e.g. 2 (the default); 0 never retries a prompt")
     )
-    """``retry`` only: how often one prompt may be retried; a group past it is waited for. It keeps
-    a fresh retry from being retried at once when it lands in the head buffer again (η = 0)."""
+    """``retry`` only: how often one prompt may be retried; a group past it is waited for."""
 
 
 @dataclass

@@ -26,6 +26,7 @@ __all__ = [
     "METRICS",
     "GroupPostProcess",
     "PostProcessDecision",
+    "StragglerClock",
     "StuckTimer",
     "buffer_progress",
     "dynamic_sampling_filter",
@@ -151,6 +152,48 @@ class StuckTimer:
     def stuck_seconds(self, now: float) -> float:
         """Total STUCK time so far, the open interval included."""
         return sum(self.total_stuck_s.values()) + sum(now - t for t in self._since.values())
+
+
+class StragglerClock:
+    """Which RESERVED groups are stragglers: overtaken by a group that landed in their buffer.
+
+    A group is *overtaken* once some group has landed (was occupied, or pulled forward) in the
+    buffer it is reserved in after it was reserved. Acting at once on a STUCK buffer (no
+    ``stuck_timeout_s``) targets only overtaken groups: a group that has only just been reserved
+    — a retried prompt that lands in the head buffer again, say — has had no chance to finish,
+    and retrying or truncating it at once would loop. Counts events, not time, so it stays pure.
+    """
+
+    def __init__(self) -> None:
+        self._tick = 0
+        self._reserved: dict[Hashable, int] = {}
+        self._landed: dict[int, int] = {}
+
+    def _next(self) -> int:
+        self._tick += 1
+        return self._tick
+
+    def reserved(self, group_id: Hashable) -> None:
+        self._reserved[group_id] = self._next()
+
+    def landed(self, buffer_version: int) -> None:
+        self._landed[buffer_version] = self._next()
+
+    def forget(self, group_id: Hashable) -> None:
+        """The group left its entry (occupied, aborted, filtered)."""
+        self._reserved.pop(group_id, None)
+
+    def consumed(self, new_version: int) -> None:
+        """Buffers before ``new_version`` are gone."""
+        for b in [b for b in self._landed if b < new_version]:
+            del self._landed[b]
+
+    def overtaken(self, targets: Sequence[Hashable], buffer_version: int) -> tuple[Hashable, ...]:
+        """The ``targets`` reserved before the latest landing in ``buffer_version``."""
+        last = self._landed.get(buffer_version)
+        if last is None:
+            return ()
+        return tuple(g for g in targets if self._reserved.get(g, last) < last)
 
 
 def proactive_filter_targets(

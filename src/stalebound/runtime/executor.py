@@ -69,6 +69,7 @@ from stalebound.core import (
 )
 from stalebound.core.filters import (
     GroupPostProcess,
+    StragglerClock,
     StuckTimer,
     buffer_progress,
     eligible_targets,
@@ -635,6 +636,7 @@ class WorkflowExecutor:
         self._background: set[asyncio.Task[Any]] = set()  # engine aborts in progress
         self._buffer: StalenessBuffer | None = None  # the buffer policy's, for the filters
         self._stuck = StuckTimer()
+        self._stragglers = StragglerClock()
         self._checking = False
         self._stuck_handle: asyncio.TimerHandle | None = None
         self._stuck_due = -1.0  # when the armed STUCK timeout fires
@@ -1014,6 +1016,8 @@ class WorkflowExecutor:
                 return
             item = inbox.popleft()
             self._n["dispatched_groups"] += 1
+            if admission.buffer_version is not None:
+                self._stragglers.reserved(gid)
             self._start_group(gid, item, admission.version)
             # a reservation can make the head buffer STUCK
             if admission.buffer_version == policy.version:
@@ -1191,6 +1195,11 @@ class WorkflowExecutor:
         except ProtocolError as e:  # the engine reported versions outside [V, v]
             self._settle_failed(group, "bad_versions", f"group {group.gid}: {e}")
             return
+        if self._buffer is not None:
+            self._stragglers.forget(group.gid)
+            where = self._buffer.lookup(group.gid)
+            if where is not None:
+                self._stragglers.landed(where[1])
         self._n["completed_groups"] += 1
         self._consecutive = 0
         self._consecutive_filtered = 0
@@ -1253,6 +1262,8 @@ class WorkflowExecutor:
             if timeout is not None and stuck_for < timeout:
                 self._arm_stuck(now - stuck_for + timeout)
             return
+        if timeout is None:  # acting at once: only on groups that other groups overtook
+            targets = self._stragglers.overtaken(targets, buf.version)
         self._disarm_stuck()
         groups = self._groups
         if s.proactive == "retry":
@@ -1293,6 +1304,8 @@ class WorkflowExecutor:
         with self._guard:
             moved = buf.pull_forward()
         self._n["pulled_forward_groups"] += len(moved)
+        if moved:
+            self._stragglers.landed(buf.version)
         logger.info(
             "proactive filter: buffer %d STUCK for %.3g s; retrying groups %s, pulled %d "
             "finished groups forward",
@@ -1378,13 +1391,13 @@ class WorkflowExecutor:
                 ]
                 logger.warning(
                     "watchdog: group %d (V=%d, training version %d) has produced nothing for "
-                    "%.0f s; members %s running on %r, engine requests in flight %s",
+                    "%.3g s; members %s running on %s, engine requests in flight %s",
                     group.gid,
                     group.version,
                     self._require_policy().version,
                     now - group.progress,
                     sorted(group.members),
-                    self.inference_engine,
+                    type(self.inference_engine).__name__,
                     requests,
                 )
             else:
@@ -1398,6 +1411,8 @@ class WorkflowExecutor:
         s = self._settings
         loop = self._loop
         assert s is not None and s.progress_log is not None and loop is not None
+        if not self._groups:  # idle: no line, and no timer until work starts again
+            return
         running = f"{len(self._groups)} groups ({self._running_members} members) running"
         if self._buffer is not None:
             logger.info("buffers %s; %s", buffer_progress(self._buffer), running)
@@ -1406,7 +1421,7 @@ class WorkflowExecutor:
             logger.info(
                 "policy %s version %d: %d waiting; %s", p.policy, p.version, p.waiting, running
             )
-        if self._groups and not self._closed:
+        if not self._closed:
             self._progress_handle = loop.call_later(s.progress_log, self._progress)
 
     def _group_failed(self, group: _Group, cause: str, why: str) -> None:
@@ -1434,6 +1449,7 @@ class WorkflowExecutor:
         assert policy is not None
         with self._guard:
             policy.abort(gid, cause)
+        self._stragglers.forget(gid)
         if self._drive_manager:
             assert self.staleness_manager is not None
             self.staleness_manager.on_rollout_rejected()
@@ -1534,6 +1550,7 @@ class WorkflowExecutor:
                     return False
                 batch = policy.consume()
             v = batch.version
+            self._stragglers.consumed(v + 1)
             for gid in batch.aborted:  # surplus reservations of the consumed buffer
                 group = self._unlist(cast(int, gid))
                 if group is not None:
@@ -1543,6 +1560,7 @@ class WorkflowExecutor:
                     if self._drive_manager:
                         assert self.staleness_manager is not None
                         self.staleness_manager.on_rollout_rejected()
+                self._stragglers.forget(gid)
                 self._n["surplus_groups"] += 1
             self._n["dropped_groups"] += len(batch.dropped)
             self._n["consumed_batches"] += 1
