@@ -389,6 +389,7 @@ def test_zero_variance_groups_are_dropped_and_replaced() -> None:
         s = ex.statistics()
         assert s.filtered_groups >= 3 and s.policy.aborted["filtered"] == s.filtered_groups
         assert s.consecutive_filtered < s.filtered_groups
+        assert s.discarded_members == {"filtered": 2 * s.filtered_groups}
 
 
 def test_an_all_filtered_dataset_stops_with_a_clear_error() -> None:
