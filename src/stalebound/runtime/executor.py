@@ -28,10 +28,27 @@ The dispatcher is a task that sleeps on an :class:`asyncio.Event` and is woken b
 open capacity: a submission, a completion or failure, a consumed batch, ``set_version``,
 ``resume``. It never polls.
 
-Cancellation (surplus members, timeouts, ``destroy``) is delivered as :class:`asyncio.CancelledError`
-at the workflow's pending ``await``; stalebound's engines abort the request on the engine when
-their ``agenerate`` is cancelled. Workflows that hold other resources must release them on
-cancellation too.
+Filters (``docs/filters.md``). A completed group first passes ``should_accept_fn`` and the
+configured group post-processor (``rollout.group_post_process``, e.g. the dynamic sampling
+filter); a dropped group's entry returns to EMPTY and the dispatcher draws another prompt. After
+``rollout.max_consecutive_filtered`` drops in a row the executor stops with an error that names the
+filter and the fix. With the buffer policy, the proactive filter
+(``rollout.proactive_filter``) watches the head buffer whenever it may have changed (a
+completion, an abort, a consume, a reservation) and, with ``stuck_timeout_s``, on one timer at the
+deadline: ``retry`` aborts its last reservations, pulls finished groups forward from later
+buffers and queues the prompts again first in line; ``truncate`` aborts their engine requests so
+the workflows return partial outputs (``Trajectory.truncated``). A watchdog logs groups silent for
+``rollout.watchdog_timeout_s``, and a progress line per buffer is logged every
+``rollout.progress_log_s`` while work is in flight.
+
+Engine requests. Each member's workflow gets a thin proxy of the engine that forwards every call
+and remembers the ``request_id`` of each ``agenerate`` request in flight. Members cancelled on
+purpose (surplus of N′ > N or of B′ > B, retried, abandoned) have those requests aborted with
+``await engine.abort(request_id)`` first — the partial outputs it returns are counted as wasted
+tokens — and their tasks are then cancelled; engines without ``abort``, requests without ids and
+``destroy`` fall back to cancelling the task, delivered as :class:`asyncio.CancelledError` at the
+workflow's pending ``await``. Workflows that hold other resources must release them on
+cancellation too. A workflow that checks the engine's type sees the proxy, not the engine.
 """
 
 from __future__ import annotations
