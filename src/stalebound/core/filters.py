@@ -136,8 +136,9 @@ class StuckTimer:
     def observe(self, buf: StalenessBuffer, now: float) -> float:
         """Record the head buffer's state at ``now``; returns how long it has been STUCK (0 if not)."""
         v = buf.version
-        for bv in [b for b in self._since if b < v]:  # consumed since: close their intervals
-            self.total_stuck_s[bv] = self.total_stuck_s.get(bv, 0.0) + now - self._since.pop(bv)
+        if self._since:  # (called on every event: skip the scan when nothing is open)
+            for bv in [b for b in self._since if b < v]:  # consumed since: close them
+                self.total_stuck_s[bv] = self.total_stuck_s.get(bv, 0.0) + now - self._since.pop(bv)
         if buf.state(v) is BufferState.STUCK:
             since = self._since.setdefault(v, now)
             return now - since

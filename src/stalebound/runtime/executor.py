@@ -394,7 +394,7 @@ class _Group:
         self.progress = now  # when it last produced something (the watchdog's clock)
         self.reported = -1.0  # the progress time the watchdog last reported it at
         self.truncating = False
-        self.truncated: set[int] = set()  # member numbers cut short by truncate
+        self.truncated: set[int] | None = None  # member numbers cut short by truncate
 
 
 class _Member:
@@ -658,7 +658,7 @@ class WorkflowExecutor:
         self._background: set[asyncio.Task[Any]] = set()  # engine aborts in progress
         self._buffer: StalenessBuffer | None = None  # the buffer policy's, for the filters
         self._stuck = StuckTimer()
-        self._stragglers = StragglerClock()
+        self._stragglers: StragglerClock | None = None  # proactive filter acting at once
         self._checking = False
         self._stuck_handle: asyncio.TimerHandle | None = None
         self._stuck_due = -1.0  # when the armed STUCK timeout fires
@@ -699,6 +699,8 @@ class WorkflowExecutor:
             )
             self._policy = BufferPolicy(buffer, max_concurrent=s.max_concurrent)
             self._buffer = buffer
+            if s.proactive != "null" and s.stuck_timeout is None:
+                self._stragglers = StragglerClock()
             self._drive_manager = self.staleness_manager is not None
         else:
             manager = self.staleness_manager
@@ -1009,6 +1011,12 @@ class WorkflowExecutor:
         """Admit queued items while the policy (and the manager) have capacity."""
         if self._paused or self._stopped is not None or self._closed:
             return
+        if self._admit():  # a reservation in the head buffer can make it STUCK
+            self._check_head()
+
+    def _admit(self) -> bool:
+        """The admission loop; whether any group was reserved in the head buffer."""
+        head = False
         policy = self._policy
         assert policy is not None
         inbox = self._inbox
@@ -1021,29 +1029,29 @@ class WorkflowExecutor:
         while budget is None or budget > 0:
             if not inbox:
                 if self._source is None:
-                    return
+                    return head
                 try:
                     inbox.append(self._source.next_item())
                 except Exception as e:  # the data loader failed: the trainer hears of it
                     self._source = None
                     self._source_error = e
                     self._notify()
-                    return
+                    return head
             if budget is not None:
                 budget -= 1
             gid = next(self._ids)
             with guard:
                 admission = policy.try_admit(gid, version)
             if admission is None:
-                return
+                return head
             item = inbox.popleft()
             self._n["dispatched_groups"] += 1
-            if admission.buffer_version is not None:
+            if self._stragglers is not None:
                 self._stragglers.reserved(gid)
             self._start_group(gid, item, admission.version)
-            # a reservation can make the head buffer STUCK
             if admission.buffer_version == policy.version:
-                self._check_head()
+                head = True
+        return head
 
     def _start_group(self, gid: int, item: _Item, version: int) -> None:
         tracker = self._tracker
@@ -1079,14 +1087,18 @@ class WorkflowExecutor:
         m.deadline = deadline
         if group.truncating:  # a relaunch of a group being truncated: cut it short too
             m.truncated = True
+            if group.truncated is None:
+                group.truncated = set()
             group.truncated.add(mid.number)
         group.members[mid.number] = m
         self._running_members += 1
         self._launched += 1
         data, workflow = group.item[0], group.item[1]
-        m.engine = _MemberEngine(self.inference_engine, m, loop.time)
+        engine = self.inference_engine
+        if self._engine_abort is not None:  # only then are request ids of any use
+            engine = m.engine = _MemberEngine(engine, m, loop.time)
         try:
-            m.episode = workflow.arun_episode(m.engine, data)
+            m.episode = workflow.arun_episode(engine, data)
         except Exception as e:  # raised before its first await: fail it on the next turn
             loop.call_soon(self._early_failure, m, e)
             return
@@ -1120,7 +1132,7 @@ class WorkflowExecutor:
 
     def _expire(self, m: _Member) -> None:
         m.cause = "timeout"
-        if m.task is not None:
+        if m.task is not None and not self._abort_requests(m, "timeout", cancel=True):
             m.task.cancel()
         self._member_outcome(m, None, "timeout")
 
@@ -1137,6 +1149,8 @@ class WorkflowExecutor:
                 self._member_failed(m, "rejected", None)
             else:
                 self._finished += 1
+                if m.engine is None:  # no proxy marks progress: the finish does
+                    m.group.progress = self._loop.time()  # type: ignore[union-attr]
                 tracker = self._tracker
                 assert tracker is not None
                 done = tracker.finish(m.mid, result)
@@ -1207,10 +1221,13 @@ class WorkflowExecutor:
                 )
                 return
         truncated = group.truncated
-        payload: _Payload = tuple(
-            (r, _token_versions(r.result), r.member.number in truncated) for r in done.members
-        )
-        if truncated:
+        payload: _Payload
+        if truncated is None:
+            payload = tuple((r, _token_versions(r.result), False) for r in done.members)
+        else:
+            payload = tuple(
+                (r, _token_versions(r.result), r.member.number in truncated) for r in done.members
+            )
             self._n["truncated_trajectories"] += sum(1 for _, _, t in payload if t)
         segments = {v for _, tv, _ in payload if tv is not None for v in tv if v >= 0}
         try:
@@ -1219,7 +1236,8 @@ class WorkflowExecutor:
         except ProtocolError as e:  # the engine reported versions outside [V, v]
             self._settle_failed(group, "bad_versions", f"group {group.gid}: {e}")
             return
-        if self._buffer is not None:
+        if self._stragglers is not None:
+            assert self._buffer is not None
             self._stragglers.forget(group.gid)
             where = self._buffer.lookup(group.gid)
             if where is not None:
@@ -1287,7 +1305,7 @@ class WorkflowExecutor:
             if timeout is not None and stuck_for < timeout:
                 self._arm_stuck(now - stuck_for + timeout)
             return
-        if timeout is None:  # acting at once: only on groups that other groups overtook
+        if self._stragglers is not None:  # acting at once: only on overtaken groups
             targets = self._stragglers.overtaken(targets, buf.version)
         self._disarm_stuck()
         groups = self._groups
@@ -1330,7 +1348,7 @@ class WorkflowExecutor:
         with self._guard:
             moved = buf.pull_forward()
         self._n["pulled_forward_groups"] += len(moved)
-        if moved:
+        if moved and self._stragglers is not None:
             self._stragglers.landed(buf.version)
         logger.info(
             "proactive filter: buffer %d STUCK for %.3g s; retrying groups %s, pulled %d "
@@ -1351,6 +1369,8 @@ class WorkflowExecutor:
         for group in chosen:
             group.truncating = True
             self._n["truncated_groups"] += 1
+            if group.truncated is None:
+                group.truncated = set()
             for m in group.members.values():
                 m.truncated = True
                 group.truncated.add(m.mid.number)
@@ -1475,7 +1495,8 @@ class WorkflowExecutor:
         assert policy is not None
         with self._guard:
             policy.abort(gid, cause)
-        self._stragglers.forget(gid)
+        if self._stragglers is not None:
+            self._stragglers.forget(gid)
         if self._drive_manager:
             assert self.staleness_manager is not None
             self.staleness_manager.on_rollout_rejected()
@@ -1576,7 +1597,8 @@ class WorkflowExecutor:
                     return False
                 batch = policy.consume()
             v = batch.version
-            self._stragglers.consumed(v + 1)
+            if self._stragglers is not None:
+                self._stragglers.consumed(v + 1)
             for gid in batch.aborted:  # surplus reservations of the consumed buffer
                 group = self._unlist(cast(int, gid))
                 if group is not None:
@@ -1587,7 +1609,8 @@ class WorkflowExecutor:
                     if self._drive_manager:
                         assert self.staleness_manager is not None
                         self.staleness_manager.on_rollout_rejected()
-                self._stragglers.forget(gid)
+                if self._stragglers is not None:
+                    self._stragglers.forget(gid)
                 self._n["surplus_groups"] += 1
             self._n["dropped_groups"] += len(batch.dropped)
             self._n["consumed_batches"] += 1
