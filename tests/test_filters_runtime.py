@@ -582,3 +582,17 @@ def test_every_dispatched_group_ends_exactly_once(method: str, seed: int) -> Non
             s.failed_groups,
             dict(s.aborted_tokens),
         )
+
+
+def test_timed_out_members_are_aborted_on_the_engine() -> None:
+    engine = ScriptedEngine()
+    with make(engine, consumer_batch_size=1, request_timeout=0.05) as ex:
+        ex.submit("never", Episode())  # never answered: times out, is relaunched, times out
+        deadline = time.monotonic() + 20
+        while ex.statistics().failed_groups == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        s = quiesce(ex, engine)
+        assert len(engine.aborts) == 2 == s.member_failures["timeout"]
+        assert s.aborted_requests == {"timeout": 2}
+        assert s.dispatched_groups == 1 == ended(s)

@@ -43,7 +43,7 @@ the workflows return partial outputs (``Trajectory.truncated``). A watchdog logs
 
 Engine requests. Each member's workflow gets a thin proxy of the engine that forwards every call
 and remembers the ``request_id`` of each ``agenerate`` request in flight. Members cancelled on
-purpose (surplus of N′ > N or of B′ > B, retried, abandoned) have those requests aborted with
+purpose (surplus of N′ > N or of B′ > B, retried, abandoned, timed out) have those requests aborted with
 ``await engine.abort(request_id)`` first — the partial outputs it returns are counted as wasted
 tokens — and their tasks are then cancelled; engines without ``abort``, requests without ids and
 ``destroy`` fall back to cancelling the task, delivered as :class:`asyncio.CancelledError` at the
