@@ -41,14 +41,15 @@ the workflows return partial outputs (``Trajectory.truncated``). A watchdog logs
 ``rollout.watchdog_timeout_s``, and a progress line per buffer is logged every
 ``rollout.progress_log_s`` while work is in flight.
 
-Engine requests. Each member's workflow gets a thin proxy of the engine that forwards every call
-and remembers the ``request_id`` of each ``agenerate`` request in flight. Members cancelled on
-purpose (surplus of N′ > N or of B′ > B, retried, abandoned, timed out) have those requests aborted with
+Engine requests. When the engine has ``abort(request_id)``, each member's workflow gets a thin
+proxy of it that forwards every call and remembers the ``request_id`` of each ``agenerate`` request
+in flight (a workflow that checks the engine's type sees the proxy). Members cancelled on purpose
+(surplus of N′ > N or of B′ > B, retried, abandoned, timed out) have those requests aborted with
 ``await engine.abort(request_id)`` first — the partial outputs it returns are counted as wasted
 tokens — and their tasks are then cancelled; engines without ``abort``, requests without ids and
 ``destroy`` fall back to cancelling the task, delivered as :class:`asyncio.CancelledError` at the
 workflow's pending ``await``. Workflows that hold other resources must release them on
-cancellation too. A workflow that checks the engine's type sees the proxy, not the engine.
+cancellation too.
 """
 
 from __future__ import annotations
