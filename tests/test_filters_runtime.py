@@ -119,6 +119,22 @@ class ScriptedEngine:
         call.future.set_result(partial)
         return partial
 
+    async def tool(self, prompt: str) -> None:
+        """A tool call of an agentic workflow: no engine request, waits like one."""
+        loop = asyncio.get_running_loop()
+        with self.cond:
+            call = Call(
+                GenerateRequest(f"tool-{prompt}", prompt), self.version, loop, loop.create_future()
+            )
+            self.calls.append(call)
+            self.cond.notify_all()
+        try:
+            await call.future
+        finally:
+            with self.cond:
+                call.done = True
+                self.cond.notify_all()
+
     # --- used by the test thread
     def pending(self) -> list[Call]:
         with self.cond:
@@ -308,6 +324,40 @@ def test_truncate_force_completes_the_straggler_with_its_partial_output() -> Non
         assert not batch["g2"].truncated and cut.staleness == 0
         s = quiesce(ex, engine)
         assert s.dispatched_groups == 4 == ended(s)
+
+
+class ToolEpisode(Episode):
+    """A tool call, then one engine request."""
+
+    async def arun_episode(self, engine: Any, data: Any) -> dict[str, Any]:
+        await engine.tool(str(data))
+        return await super().arun_episode(engine, data)
+
+
+def test_truncate_cuts_a_member_in_a_tool_call_on_its_next_request() -> None:
+    engine = ScriptedEngine()
+    with make(
+        engine,
+        max_head_offpolicyness=1,
+        consumer_batch_size=2,
+        proactive_filter={"method": "truncate", "threshold": 1},
+    ) as ex:
+        for name in ["g0", "g1", "g2", "g3"]:
+            ex.submit(name, ToolEpisode())
+        quiesce(ex, engine)
+        for name in ["g0", "g1", "g2"]:
+            engine.answer(engine.call(name))  # the tool call
+            quiesce(ex, engine)
+            engine.answer(engine.call(name), score=1.0)  # the generation
+        s = quiesce(ex, engine)
+        assert s.truncated_groups == 1 and engine.aborts == []  # g3 is in its tool call
+        engine.answer(engine.call("g3"))  # the tool returns; the request is aborted at once
+        quiesce(ex, engine)
+        batch = {t.data["prompt"]: t for t in ex.collect_results()}
+        assert sorted(batch) == ["g2", "g3"]
+        assert batch["g3"].truncated and batch["g3"].data["finish_reason"] == "abort"
+        assert len(engine.aborts) == 1 and engine.aborts[0].startswith("r")
+        assert ex.statistics().aborted_requests == {"truncated": 1}
 
 
 def test_stuck_timeout_acts_on_a_timer_without_any_other_event() -> None:

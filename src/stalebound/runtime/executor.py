@@ -461,12 +461,15 @@ class _MemberEngine:
     settled on purpose may send no new request.
     """
 
-    __slots__ = ("_clock", "_engine", "_member", "inflight")
+    __slots__ = ("_aborted", "_clock", "_engine", "_member", "inflight")
 
-    def __init__(self, engine: Any, member: _Member, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, engine: Any, member: _Member, clock: Callable[[], float], aborted: Counter[str]
+    ) -> None:
         self._engine = engine
         self._member = member
         self._clock = clock
+        self._aborted = aborted  # the executor's aborted_requests counter
         self.inflight: dict[Any, None] = {}  # request ids, in issue order
 
     def __getattr__(self, name: str) -> Any:
@@ -498,6 +501,7 @@ class _MemberEngine:
         await asyncio.sleep(0)  # the engine registers the request
         if not task.done():
             await _call_abort(self._engine.abort, rid)
+            self._aborted["truncated"] += 1
         return await task
 
 
@@ -1097,7 +1101,7 @@ class WorkflowExecutor:
         data, workflow = group.item[0], group.item[1]
         engine = self.inference_engine
         if self._engine_abort is not None:  # only then are request ids of any use
-            engine = m.engine = _MemberEngine(engine, m, loop.time)
+            engine = m.engine = _MemberEngine(engine, m, loop.time, self._aborted_requests)
         try:
             m.episode = workflow.arun_episode(engine, data)
         except Exception as e:  # raised before its first await: fail it on the next turn
