@@ -16,14 +16,18 @@ from typing import Any, ClassVar, Literal, TypeVar, overload
 
 from stalebound import typedconfig
 from stalebound.core.errors import ConfigError
+from stalebound.tasks.config import TaskConfig
+from stalebound.train.config import TrainConfig
 from stalebound.typedconfig import Invalid, bounds, null_means
 
 __all__ = [
     "ALIASES",
+    "EngineConfig",
     "FilterGroupsConfig",
     "GroupPostProcessConfig",
     "ProactiveFilterConfig",
     "RolloutConfig",
+    "RunConfig",
     "StaleboundConfig",
     "config_reference",
     "dump_yaml",
@@ -87,7 +91,7 @@ class RolloutConfig:
     """η, the staleness bound: a trajectory generated at version V is trained at V + η at the latest.
     0 is synchronous training. Aliases: ``psrl.staleness``, ``--max-head-offpolicyness``."""
     consumer_batch_size: int = field(
-        default=8, metadata=bounds(ge=1, fix="train on at least one group per step")
+        default=32, metadata=bounds(ge=1, fix="train on at least one group per step")
     )
     """B, groups per training step."""
     max_concurrent_rollouts: int | None = field(
@@ -96,7 +100,7 @@ class RolloutConfig:
     )
     """The most groups generating at once; ``None`` means ``(η + 1)·B′``, all the window allows."""
     group_size: int = field(
-        default=4, metadata=bounds(ge=1, fix="use 1 for no grouping, more for GRPO-style groups")
+        default=8, metadata=bounds(ge=1, fix="use 1 for no grouping, more for GRPO-style groups")
     )
     """N, trajectories per group (GRPO's group). Alias: ``psrl.rollout_n``."""
     buffer_size: int | None = field(
@@ -163,6 +167,88 @@ class RolloutConfig:
             )
 
 
+@dataclass
+class EngineConfig:
+    """The inference engines that generate rollouts."""
+
+    kind: Literal["local", "vllm", "sglang"] = "local"
+    """``local``: the embedded engine (a Hugging Face model in worker processes). ``vllm`` /
+    ``sglang``: OpenAI-compatible servers at ``urls``."""
+    model_path: str | None = None
+    """A local Hugging Face checkpoint directory; ``None`` builds the default tiny model in
+    ``cache_dir``. Nothing is downloaded."""
+    cache_dir: str = ".stalebound/models"
+    """Where the default model is built and reused."""
+    replicas: int = field(default=1, metadata=bounds(ge=1, fix="run at least one engine"))
+    """Local engine worker processes behind the router."""
+    urls: list[str] = field(default_factory=list)
+    """Server base URLs for ``vllm`` / ``sglang`` (one replica each)."""
+    max_batch_size: int = field(default=256, metadata=bounds(ge=1, fix="e.g. 256 (the default)"))
+    """Requests decoded together per local worker."""
+    max_in_flight_per_engine: int | None = field(
+        default=None, metadata=bounds(ge=1, fix="give a count, or null for no limit")
+    )
+    """The router's per-replica limit; further requests queue, oldest V_traj first."""
+    interrupt_mode: Literal["continue", "resubmit"] = "continue"
+    """On a weight update: ``continue`` in-flight requests with the new weights (partial rollout;
+    every token keeps its version), or abort and ``resubmit`` prompt + partial output."""
+    num_threads: int = field(default=1, metadata=bounds(ge=1, fix="e.g. 1 per worker"))
+    """torch threads per local worker."""
+    temperature: float = field(default=1.0, metadata=bounds(ge=0, fix="0 is greedy, 1 samples"))
+    """Sampling temperature of rollouts."""
+    top_p: float = field(default=1.0, metadata=bounds(gt=0, le=1, fix="1 keeps every token"))
+    """Nucleus sampling of rollouts."""
+
+    def _validate(self) -> Iterator[Invalid]:
+        if self.kind != "local" and not self.urls:
+            yield Invalid(
+                "urls",
+                f"kind={self.kind} needs at least one server URL",
+                "set engine.urls=[http://127.0.0.1:8000], or use engine.kind=local",
+            )
+
+
+@dataclass
+class RunConfig:
+    """The main job: how long it trains, where it writes, what it shows."""
+
+    steps: int = field(default=60, metadata=bounds(ge=1, fix="train at least one step"))
+    """Training steps (one consumed batch each)."""
+    run_dir: str | None = None
+    """The run directory; ``None`` makes ``runs/<date>-<time>``."""
+    live: bool | None = None
+    """The live terminal view: ``true`` always draws it, ``false`` prints a line per step, ``null``
+    draws it on a terminal only."""
+    eval_prompts: int = field(default=100, metadata=bounds(ge=1, fix="e.g. 100"))
+    """Prompts of the greedy evaluation before and after RL."""
+    target_reward: float = 0.6
+    """The training reward (mean over the last 5 steps) that counts as reached for
+    ``time_to_target_s``."""
+    checkpoint: bool = True
+    """Write a checkpoint into the run directory at the end."""
+    plots: bool = True
+    """Draw the PNG plots into the run directory at the end."""
+    tensorboard: bool = True
+    """Write TensorBoard event files into the run directory."""
+
+
+def _adapt_problems(problems: list[str], section: str) -> Iterator[Invalid]:
+    """Turn a section's own ``name=value: why; fix`` strings into the loader's problems."""
+    for text in problems:
+        head, _, rest = text.partition(": ")
+        key = head.split("=", 1)[0].removeprefix(section + ".").split(",")[0]
+        why, _, fix = rest.partition("; ")
+        yield Invalid(key, why, fix or "see docs/config.md")
+
+
+@dataclass
+class TrainSection(TrainConfig):
+    """The trainer: GRPO with PPO clipping and the off-policy corrections (see docs/training.md)."""
+
+    def _validate(self) -> Iterator[Invalid]:
+        yield from _adapt_problems(self.problems(), "train")
+
+
 ALIASES: Mapping[str, str] = MappingProxyType(
     {
         # AReaL's top-level names (also the --max-head-offpolicyness style flags).
@@ -200,6 +286,10 @@ class StaleboundConfig:
     seed: int = 0
     """Seed of every random choice (sampling, data order, simulated durations)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    train: TrainSection = field(default_factory=TrainSection)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    run: RunConfig = field(default_factory=RunConfig)
 
 
 C = TypeVar("C")

@@ -1,0 +1,491 @@
+"""The local engine's worker process: continuous batching with a KV cache over a Hugging Face model.
+
+This module runs in the child process started by :class:`stalebound.engines.local.LocalEngine`;
+see that module's docstring for the design. Messages are plain tuples over one duplex pipe:
+
+client → worker::
+
+    ("submit", Continuation, seed)            a request (fresh ones are empty continuations)
+    ("abort", token, request_id)              reply: GenerateResponse | None
+    ("export", token, request_id)             reply: Continuation | None
+    ("progress", token, request_id)           reply: number of tokens generated so far | None
+    ("pause", token) / ("resume", token)      reply: None
+    ("update", token, payload, version, mode) reply: seconds generation was stalled
+    ("shutdown",)
+
+worker → client::
+
+    ("ready", info)                           once, after the model loaded
+    ("done", request_id, GenerateResponse)    a request finished (stop, length or abort)
+    ("reply", token, value) / ("error", token, message)
+    ("fatal", message)                        the worker is exiting because of an error
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from stalebound.engines.models import load_model
+from stalebound.engines.protocol import Continuation, FinishReason, GenerateResponse
+
+_log = logging.getLogger(__name__)
+
+_MASK64 = (1 << 64) - 1
+
+
+def uniform(seed: int, index: int) -> float:
+    """A uniform number in [0, 1) that depends only on ``(seed, index)`` (a SplitMix64 hash).
+
+    Sampling the ``index``-th token of a request from ``uniform(seed, index)`` makes the result
+    independent of batching, scheduling and the engine instance — which is what lets a migrated
+    or resubmitted request continue its exact random stream.
+    """
+    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xD1B54A32D192ED03) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z ^= z >> 31
+    return (z >> 11) / float(1 << 53)
+
+
+def sample(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; returns ``(tokens, raw model log-probs of those tokens)``.
+
+    Rows with temperature 0 take the argmax. Other rows sample by inverse CDF with the uniform
+    ``u`` from the temperature-scaled, top-p-truncated distribution. The returned log-probs are of
+    the raw logits (temperature 1, no truncation), see the protocol's contract.
+    """
+    logits = logits.float()
+    tokens = logits.argmax(dim=-1)
+    rows = (temperature > 0).nonzero(as_tuple=True)[0]
+    if rows.numel():
+        scaled = logits[rows] / temperature[rows, None]
+        probs = torch.softmax(scaled, dim=-1)
+        sorted_p, sorted_i = probs.sort(dim=-1, descending=True)
+        # Keep a token while the mass before it is below top_p: the first token is always kept.
+        keep = (sorted_p.cumsum(dim=-1) - sorted_p) < top_p[rows, None]
+        cum = (sorted_p * keep).cumsum(dim=-1)
+        target = (u[rows] * cum[:, -1].double()).float()
+        pos = torch.searchsorted(cum, target[:, None], right=True).clamp_(max=cum.shape[1] - 1)
+        tokens[rows] = sorted_i.gather(1, pos).squeeze(1)
+    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+    return tokens, logprobs
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """One request inside the worker."""
+
+    cont: Continuation
+    seed: int
+    order: int
+    out_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    stop_ids: frozenset[int]
+    resubmits: int = 0
+    finish: FinishReason | None = field(default=None)
+
+    @property
+    def request_id(self) -> str:
+        return self.cont.request.request_id
+
+    @property
+    def context(self) -> list[int]:
+        return [*self.cont.request.input_ids, *self.out_ids]
+
+    def response(self, finish: FinishReason) -> GenerateResponse:
+        return GenerateResponse(
+            request_id=self.request_id,
+            input_ids=self.cont.request.input_ids,
+            output_ids=tuple(self.out_ids),
+            output_logprobs=tuple(self.logprobs),
+            output_versions=tuple(self.versions),
+            finish_reason=finish,
+            resubmits=self.resubmits,
+        )
+
+    def continuation(self) -> Continuation:
+        return Continuation(
+            request=self.cont.request,
+            output_ids=tuple(self.out_ids),
+            output_logprobs=tuple(self.logprobs),
+            output_versions=tuple(self.versions),
+            seed=self.seed,
+            resubmits=self.resubmits,
+        )
+
+
+class Worker:
+    """The batching state machine around one model (used only inside the worker process)."""
+
+    def __init__(
+        self, model: Any, *, version: int, max_batch_size: int, interrupt_mode: str
+    ) -> None:
+        self.model = model
+        self.version = version
+        self.max_batch_size = max_batch_size
+        self.interrupt_mode = interrupt_mode
+        self.paused = False
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        eos = model.config.eos_token_id
+        self.eos_ids: frozenset[int] = frozenset(
+            () if eos is None else (eos,) if isinstance(eos, int) else eos
+        )
+        self.waiting: list[tuple[int, int, _Sequence]] = []  # heap: (priority, order, seq)
+        self.by_id: dict[str, _Sequence] = {}
+        self._order = itertools.count()
+        # The running batch: row i of every tensor belongs to running[i]. The KV cache holds every
+        # token of a row except its last sampled one, which is the next decode step's input.
+        self.running: list[_Sequence] = []
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.mask = torch.zeros((0, 0), dtype=torch.bool)
+        self.finished: list[GenerateResponse] = []
+
+    # -- commands -----------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return not self.paused and bool(self.running or self.waiting)
+
+    def submit(self, cont: Continuation, seed: int) -> None:
+        request = cont.request
+        stop = frozenset(request.sampling.stop_token_ids)
+        if not request.sampling.ignore_eos:
+            stop |= self.eos_ids
+        seq = _Sequence(
+            cont=cont,
+            seed=seed,
+            order=next(self._order),
+            out_ids=list(cont.output_ids),
+            logprobs=list(cont.output_logprobs),
+            versions=list(cont.output_versions),
+            stop_ids=stop,
+            resubmits=cont.resubmits,
+        )
+        self.by_id[seq.request_id] = seq
+        self._enqueue(seq)
+
+    def _enqueue(self, seq: _Sequence) -> None:
+        prio = seq.cont.request.priority_version
+        heapq.heappush(self.waiting, (self.version if prio is None else prio, seq.order, seq))
+
+    def remove(self, request_id: str) -> _Sequence | None:
+        """Take a request out of the engine (abort or export); ``None`` if not here."""
+        seq = self.by_id.pop(request_id, None)
+        if seq is None:
+            return None
+        if seq in self.running:
+            self._keep_rows([i for i, s in enumerate(self.running) if s is not seq])
+        else:
+            self.waiting = [item for item in self.waiting if item[2] is not seq]
+            heapq.heapify(self.waiting)
+        return seq
+
+    def progress(self, request_id: str) -> int | None:
+        seq = self.by_id.get(request_id)
+        return None if seq is None else len(seq.out_ids)
+
+    def update_weights(self, payload: Any, version: int, mode: str) -> None:
+        """Install new weights between two decode steps; state is unchanged if this raises."""
+        if isinstance(payload, tuple):
+            state = _unpack_state_dict(*payload)
+        else:
+            state = load_model(payload).state_dict()
+        current = self.model.state_dict()
+        missing = sorted(set(current) - set(state))
+        unexpected = sorted(set(state) - set(current))
+        wrong = [
+            f"{k}: {tuple(state[k].shape)} != {tuple(v.shape)}"
+            for k, v in current.items()
+            if k in state and tuple(state[k].shape) != tuple(v.shape)
+        ]
+        if missing or unexpected or wrong:
+            raise ValueError(
+                "the new weights do not fit the served model: "
+                f"missing={missing[:5]} unexpected={unexpected[:5]} wrong shapes={wrong[:5]}; "
+                "send the full state_dict() of the same architecture"
+            )
+        with torch.no_grad():
+            # state_dict() tensors share storage with the parameters: copying into them swaps
+            # the weights in place, without load_state_dict's per-module bookkeeping.
+            for name, tensor in current.items():
+                tensor.copy_(state[name])
+        self.version = version
+        if mode == "resubmit" and self.running:
+            # Interruptible generation: drop the KV cache computed by the old weights and requeue
+            # prompt + partial output; the next admission recomputes it with the new weights.
+            for seq in self.running:
+                seq.resubmits += 1
+                self._enqueue(seq)
+            self._keep_rows([])
+
+    # -- decoding -----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> None:
+        """Admit waiting requests (prefill), then decode one token for every running request."""
+        if self.paused:
+            return
+        self._admit()
+        if self.running:
+            self._decode()
+
+    def _admit(self) -> None:
+        admitted: list[_Sequence] = []
+        while self.waiting and len(self.running) + len(admitted) < self.max_batch_size:
+            admitted.append(heapq.heappop(self.waiting)[2])
+        # Prefill requests of equal context length together (no padding inside a prefill).
+        by_len: dict[int, list[_Sequence]] = {}
+        for seq in admitted:
+            by_len.setdefault(len(seq.context), []).append(seq)
+        for length, group in sorted(by_len.items()):
+            if length >= self.max_positions:
+                for seq in group:
+                    self._finish(seq, "length")
+                continue
+            ids = torch.tensor([seq.context for seq in group], dtype=torch.long)
+            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            kv = [(layer.keys, layer.values) for layer in out.cache.layers]
+            done = self._sample_into(group, out.logits[:, -1, :])
+            keep = [i for i, seq in enumerate(group) if not done[i]]
+            if keep:
+                self._merge([group[i] for i in keep], _select(kv, keep, len(group)), length)
+
+    def _decode(self) -> None:
+        batch = len(self.running)
+        next_ids = torch.tensor([[seq.out_ids[-1]] for seq in self.running], dtype=torch.long)
+        positions = torch.tensor(
+            [[len(seq.cont.request.input_ids) + len(seq.out_ids) - 1] for seq in self.running],
+            dtype=torch.long,
+        )
+        mask = torch.cat([self.mask, torch.ones((batch, 1), dtype=torch.bool)], dim=1)
+        out = self.model(
+            input_ids=next_ids,
+            position_ids=positions,
+            attention_mask=None if bool(mask.all()) else mask.long(),
+            cache=DynamicCache(ddp_cache_data=self.kv),
+            use_cache=True,
+        )
+        self.kv = [(layer.keys, layer.values) for layer in out.cache.layers]
+        self.mask = mask
+        done = self._sample_into(self.running, out.logits[:, -1, :])
+        if any(done):
+            self._keep_rows([i for i, d in enumerate(done) if not d])
+
+    def _sample_into(self, seqs: list[_Sequence], logits: torch.Tensor) -> list[bool]:
+        """Sample the next token of each sequence; returns which ones finished (and reports them)."""
+        temperature = torch.tensor([s.cont.request.sampling.temperature for s in seqs])
+        top_p = torch.tensor([s.cont.request.sampling.top_p for s in seqs])
+        u = torch.tensor(
+            [
+                0.0 if s.cont.request.sampling.greedy else uniform(s.seed, len(s.out_ids))
+                for s in seqs
+            ],
+            dtype=torch.float64,
+        )
+        tokens, logprobs = sample(logits, temperature, top_p, u)
+        done = []
+        for seq, token, logprob in zip(seqs, tokens.tolist(), logprobs.tolist(), strict=True):
+            seq.out_ids.append(token)
+            seq.logprobs.append(logprob)
+            seq.versions.append(self.version)
+            finish: FinishReason | None = None
+            if token in seq.stop_ids:
+                finish = "stop"
+            elif len(seq.out_ids) >= seq.cont.request.sampling.max_new_tokens or (
+                len(seq.cont.request.input_ids) + len(seq.out_ids) >= self.max_positions
+            ):
+                finish = "length"
+            if finish is not None:
+                self._finish(seq, finish)
+            done.append(finish is not None)
+        return done
+
+    def _finish(self, seq: _Sequence, finish: FinishReason) -> None:
+        self.by_id.pop(seq.request_id, None)
+        self.finished.append(seq.response(finish))
+
+    # -- batch bookkeeping --------------------------------------------------------------------
+
+    def _merge(
+        self, seqs: list[_Sequence], kv: list[tuple[torch.Tensor, torch.Tensor]], length: int
+    ) -> None:
+        """Append prefilled rows to the running batch, left-padding the shorter KV cache."""
+        new_mask = torch.ones((len(seqs), length), dtype=torch.bool)
+        if not self.running:
+            self.running, self.kv, self.mask = list(seqs), kv, new_mask
+            return
+        total = max(length, self.mask.shape[1])
+        self.kv = [
+            (
+                torch.cat([_left_pad(k0, total), _left_pad(k1, total)], dim=0),
+                torch.cat([_left_pad(v0, total), _left_pad(v1, total)], dim=0),
+            )
+            for (k0, v0), (k1, v1) in zip(self.kv, kv, strict=True)
+        ]
+        self.mask = torch.cat([_left_pad_mask(self.mask, total), _left_pad_mask(new_mask, total)])
+        self.running.extend(seqs)
+
+    def _keep_rows(self, rows: list[int]) -> None:
+        """Keep only these rows of the running batch and trim columns that are padding in all."""
+        if not rows:
+            self.running, self.kv = [], []
+            self.mask = torch.zeros((0, 0), dtype=torch.bool)
+            return
+        self.running = [self.running[i] for i in rows]
+        self.kv = _select(self.kv, rows, self.mask.shape[0])
+        mask = self.mask[rows] if len(rows) != self.mask.shape[0] else self.mask
+        start = int(mask.any(dim=0).long().argmax())
+        if start:
+            mask = mask[:, start:]
+            self.kv = [(k[:, :, start:], v[:, :, start:]) for k, v in self.kv]
+        self.mask = mask
+
+    def take_finished(self) -> list[GenerateResponse]:
+        finished, self.finished = self.finished, []
+        return finished
+
+
+def _unpack_state_dict(
+    blob: bytes, index: tuple[tuple[str, str, tuple[int, ...], int, int], ...]
+) -> dict[str, torch.Tensor]:
+    buffer = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else None
+    state = {}
+    for name, dtype, shape, offset, nbytes in index:
+        if buffer is None:
+            raise ValueError(f"weights blob is empty but the index names {name!r}")
+        raw = buffer[offset : offset + nbytes]
+        state[name] = raw.view(getattr(torch, dtype)).view(shape)
+    return state
+
+
+def _select(
+    kv: list[tuple[torch.Tensor, torch.Tensor]], rows: list[int], batch: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if len(rows) == batch:
+        return kv
+    index = torch.tensor(rows, dtype=torch.long)
+    return [(k.index_select(0, index), v.index_select(0, index)) for k, v in kv]
+
+
+def _left_pad(t: torch.Tensor, total: int) -> torch.Tensor:
+    # Zeros, not garbage: padded keys are masked out, and finite values keep the softmax finite.
+    missing = total - t.shape[2]
+    if not missing:
+        return t
+    pad = t.new_zeros((t.shape[0], t.shape[1], missing, t.shape[3]))
+    return torch.cat([pad, t], dim=2)
+
+
+def _left_pad_mask(mask: torch.Tensor, total: int) -> torch.Tensor:
+    missing = total - mask.shape[1]
+    if not missing:
+        return mask
+    return torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
+
+
+def worker_main(
+    conn: Connection,
+    model_path: str,
+    version: int,
+    max_batch_size: int,
+    interrupt_mode: str,
+    num_threads: int,
+) -> None:
+    """Entry point of the worker process: load the model, then serve the pipe until shutdown."""
+    torch.set_num_threads(num_threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        model = load_model(model_path)
+        worker = Worker(
+            model, version=version, max_batch_size=max_batch_size, interrupt_mode=interrupt_mode
+        )
+        conn.send(
+            (
+                "ready",
+                {
+                    "vocab_size": int(model.config.vocab_size),
+                    "max_positions": worker.max_positions,
+                    "eos_ids": tuple(sorted(worker.eos_ids)),
+                    "pid": os.getpid(),
+                },
+            )
+        )
+        _serve(conn, worker)
+        conn.close()
+        # A clean shutdown: nothing to flush, and skipping interpreter teardown of torch and
+        # transformers makes close() return in milliseconds instead of seconds.
+        os._exit(0)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the client went away: nothing left to report to
+    except Exception:
+        with contextlib.suppress(OSError):
+            conn.send(("fatal", traceback.format_exc()))
+
+
+def _serve(conn: Connection, worker: Worker) -> None:
+    while True:
+        # Block when there is nothing to decode (no sleep-polling); otherwise take what has
+        # arrived since the last step, so requests join and leave between tokens.
+        if not worker.has_work():
+            conn.poll(None)
+        if conn.poll():
+            started = time.perf_counter()  # after any idle wait: only the transfer counts
+            message = conn.recv()
+            if not _handle(conn, worker, message, started):
+                return
+            continue
+        worker.step()
+        for response in worker.take_finished():
+            conn.send(("done", response.request_id, response))
+
+
+def _handle(conn: Connection, worker: Worker, message: tuple[Any, ...], started: float) -> bool:
+    kind = message[0]
+    if kind == "submit":
+        worker.submit(message[1], message[2])
+        return True
+    if kind == "shutdown":
+        return False
+    token = message[1]
+    try:
+        reply: Any = None
+        if kind == "abort" or kind == "export":
+            seq = worker.remove(message[2])
+            if seq is not None:
+                response = seq.response("abort")
+                conn.send(("done", response.request_id, response))
+                reply = response if kind == "abort" else seq.continuation()
+        elif kind == "progress":
+            reply = worker.progress(message[2])
+        elif kind == "pause":
+            worker.paused = True
+        elif kind == "resume":
+            worker.paused = False
+        elif kind == "update":
+            _, _, payload, version, mode = message
+            worker.update_weights(payload, version, mode)
+            reply = time.perf_counter() - started
+        else:
+            raise ValueError(f"unknown worker command {kind!r}")
+    except Exception as exc:
+        conn.send(("error", token, f"{type(exc).__name__}: {exc}"))
+    else:
+        conn.send(("reply", token, reply))
+    return True
