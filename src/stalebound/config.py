@@ -54,6 +54,10 @@ class ProactiveFilterConfig:
         default=None, metadata=bounds(ge=0, fix="give seconds, or null to act at once")
     )
     """Act only once the buffer has been STUCK this long (seconds); ``None`` acts at once."""
+    max_retries: int = field(
+        default=2, metadata=bounds(ge=0, fix="e.g. 2 (the default); 0 never retries a prompt")
+    )
+    """``retry`` only: how often one prompt may be retried; a group past it is waited for."""
 
 
 @dataclass
@@ -129,6 +133,16 @@ class RolloutConfig:
         default=256, metadata=bounds(ge=1, fix="e.g. 256 (the default)")
     )
     """The data loader stops with an error after this many consecutive groups are filtered."""
+    watchdog_timeout_s: float | None = field(
+        default=300.0, metadata=bounds(gt=0, fix="give seconds, e.g. 300, or null to disable")
+    )
+    """Log groups whose generation has produced nothing for this long (ids, versions, engine
+    requests); ``None`` disables the watchdog."""
+    progress_log_s: float | None = field(
+        default=60.0, metadata=bounds(gt=0, fix="give seconds, e.g. 60, or null to disable")
+    )
+    """While groups are running, log one line per buffer (occupied / reserved / empty, state) at
+    most this often; ``None`` disables it."""
 
     def _validate(self) -> Iterator[Invalid]:
         b = self.consumer_batch_size
