@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -631,7 +632,11 @@ def test_prepare_batch_keeps_generating_from_the_loader() -> None:
             assert len(batch) == 2
             seen += [t.data["data"] for t in batch]
             ex.set_version(ex.version)
-        assert sorted(seen) == sorted(["a", "b", "c", "d"] * 2)
+        # The loader is cycled: every item comes round again. Completion order decides which of
+        # the groups in flight are trained first, so counts may differ by the window (4 groups).
+        counts = Counter(seen)
+        assert set(counts) == {"a", "b", "c", "d"} and sum(counts.values()) == 8
+        assert max(counts.values()) - min(counts.values()) <= 2
     with make(engine) as ex, pytest.raises(ConfigError, match="yielded no items"):
         ex.prepare_batch([], Generate())
 
