@@ -1,0 +1,132 @@
+"""Episode runners that work over any engine.
+
+A workflow turns one :class:`~stalebound.tasks.base.Sample` into one
+:class:`~stalebound.tasks.base.Trajectory` by calling ``generate`` — an ``async`` function of
+(prompt token ids, ``max_new_tokens``, stop token ids) that returns an object with ``output_ids``,
+``output_logprobs``, ``output_versions`` and ``finish_reason`` (``stop`` | ``length`` | ``abort``).
+The engines' ``GenerateResponse`` has exactly these fields, so adapting an engine is one line::
+
+    async def generate(ids, max_new_tokens, stop_token_ids):
+        return await engine.agenerate(GenerateRequest(rid, tuple(ids),
+            SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids))))
+
+The stop token (end of turn) is part of ``output_ids`` and is trained on, so the policy learns when
+to stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from stalebound.core.errors import ConfigError
+from stalebound.tasks.base import Sample, Trajectory
+
+if TYPE_CHECKING:
+    from stalebound.tasks.base import Task
+
+__all__ = [
+    "GenerateFn",
+    "Generation",
+    "SingleTurnWorkflow",
+    "TokenizerLike",
+    "Workflow",
+    "decode_text",
+    "encode_prompt",
+    "encode_text",
+    "eos_id",
+]
+
+
+class Generation(Protocol):
+    """What one ``generate`` call returns (the engines' ``GenerateResponse`` fits)."""
+
+    @property
+    def output_ids(self) -> Sequence[int]: ...
+    @property
+    def output_logprobs(self) -> Sequence[float]: ...
+    @property
+    def output_versions(self) -> Sequence[int]: ...
+    @property
+    def finish_reason(self) -> str: ...
+
+
+class GenerateFn(Protocol):
+    """``await generate(input_ids, max_new_tokens, stop_token_ids)`` → :class:`Generation`."""
+
+    async def __call__(
+        self, input_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int]
+    ) -> Generation: ...
+
+
+class TokenizerLike(Protocol):
+    """The part of a Hugging Face tokenizer the workflows and the trainer use."""
+
+    eos_token_id: Any
+    bos_token_id: Any
+    pad_token_id: Any
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> Any: ...
+    def decode(self, token_ids: Any, skip_special_tokens: bool = ...) -> Any: ...
+
+
+class Workflow(Protocol):
+    """Runs one episode of a task."""
+
+    async def run(self, generate: GenerateFn, sample: Sample) -> Trajectory: ...
+
+
+def eos_id(tokenizer: TokenizerLike) -> int:
+    """The end-of-sequence id (ends every model turn); a tokenizer without one is a ConfigError."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ConfigError(
+            "tokenizer.eos_token_id=None: the tasks end every model turn with the end-of-sequence "
+            "token; use a tokenizer that defines one"
+        )
+    return int(eos)
+
+
+def encode_text(tokenizer: TokenizerLike, text: str) -> list[int]:
+    """``text`` as token ids, without special tokens."""
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+
+
+def encode_prompt(tokenizer: TokenizerLike, text: str) -> list[int]:
+    """A prompt's token ids: the beginning-of-sequence token (if the tokenizer has one), then
+    ``text``."""
+    bos = tokenizer.bos_token_id
+    return ([int(bos)] if bos is not None else []) + encode_text(tokenizer, text)
+
+
+def decode_text(tokenizer: TokenizerLike, ids: Sequence[int]) -> str:
+    """Token ids as text, special tokens (such as the end-of-sequence token) dropped."""
+    return str(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
+class SingleTurnWorkflow:
+    """Prompt → one model turn → reward. The episode is truncated if the turn does not end with
+    the stop token (length limit or abort), and then scores 0."""
+
+    def __init__(self, task: Task, tokenizer: TokenizerLike) -> None:
+        self.task = task
+        self.tokenizer = tokenizer
+        self.eos = eos_id(tokenizer)
+
+    async def run(self, generate: GenerateFn, sample: Sample) -> Trajectory:
+        prompt_ids = encode_prompt(self.tokenizer, self.task.prompt(sample))
+        gen = await generate(prompt_ids, self.task.config.max_new_tokens, (self.eos,))
+        truncated = gen.finish_reason != "stop"
+        response = decode_text(self.tokenizer, gen.output_ids)
+        metrics = self.task.metrics(sample, response, truncated=truncated)
+        return Trajectory(
+            prompt_ids=prompt_ids,
+            output_ids=list(gen.output_ids),
+            behaviour_logprobs=[float(x) for x in gen.output_logprobs],
+            versions=[int(v) for v in gen.output_versions],
+            reward=metrics["score"],
+            truncated=truncated,
+            sample_id=sample.id,
+            response=response,
+            metrics=metrics,
+        )

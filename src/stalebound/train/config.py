@@ -1,0 +1,141 @@
+"""Trainer settings: a pure dataclass (no torch), one docstring per field.
+
+:meth:`TrainConfig.problems` lists every invalid value at once (``name=value: why; the fix``);
+:meth:`TrainConfig.validate` raises them as one :class:`~stalebound.core.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from stalebound.core.errors import ConfigError
+
+__all__ = ["TrainConfig"]
+
+
+@dataclass
+class TrainConfig:
+    """GRPO with PPO clipping and the off-policy corrections of bounded-staleness training.
+
+    The objective per trained token t of a trajectory with group-normalised advantage A::
+
+        r_t = π_θ(t) / π_prox(t)                          (the PPO ratio)
+        w_t = min(π_prox(t) / π_behav(t), tis_cap)        (behaviour weight, detached)
+        loss_t = w_t · max(−A·r_t, −A·clip(r_t, 1 − clip_eps, 1 + clip_eps_high))
+
+    With ``prox_mode="none"`` the proximal policy is the behaviour policy (π_prox = π_behav,
+    w_t = 1): plain PPO against the engine's log-probs.
+    """
+
+    lr: float = 1e-3
+    """AdamW learning rate (1e-3 suits the tiny default model; 2e-3 collapsed its entropy)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    grad_clip: float | None = 1.0
+    """Clip the global gradient norm to this; ``None`` does not clip."""
+    minibatches: int = 1
+    """Optimizer steps per training step (the batch is split into this many parts); the version
+    still advances by one per training step."""
+    clip_eps: float = 0.2
+    """PPO clip range below 1 (and above 1 unless ``clip_eps_high`` is set)."""
+    clip_eps_high: float | None = None
+    """PPO clip range above 1 (DAPO's clip-higher); ``None`` means ``clip_eps``."""
+    prox_mode: Literal["recompute", "loglinear", "none"] = "none"
+    """The proximal policy of decoupled PPO. ``recompute``: log-probs of the weights at the start
+    of the training step (free when ``minibatches`` is 1: that is the first forward pass).
+    ``loglinear``: approximated from behaviour and current log-probs and the versions, without a
+    forward pass (see ``stalebound.train.losses.loglinear_proximal_logprobs``). ``none``: no
+    proximal policy; the PPO ratio is taken against the behaviour policy, so clipping bounds the
+    step away from the policy that sampled the data. With one minibatch the proximal policy is the
+    current one and clipping never acts; ``none`` then learned faster under staleness (see
+    ``bench/train_tiny_addition.py``)."""
+    tis_cap: float | None = None
+    """Truncated importance sampling: cap of the behaviour weight π_prox/π_behav (detached).
+    ``None`` leaves it uncapped (2.0 is usual). Needs a proximal policy (``prox_mode`` not
+    ``none``)."""
+    rejection: Literal["none", "token", "sequence"] = "none"
+    """Mask trained tokens whose behaviour importance ratio ρ is outside
+    [``rejection_low``, ``rejection_high``]: per token, or per sequence by the geometric mean of ρ
+    over its tokens. ρ = π_prox/π_behav, or π_θ/π_behav with ``prox_mode="none"``."""
+    rejection_low: float = 0.5
+    """Lower bound of ρ for ``rejection``."""
+    rejection_high: float = 2.0
+    """Upper bound of ρ for ``rejection``."""
+    mask_truncated: bool = False
+    """Exclude truncated trajectories (no end-of-turn token: length or turn limit, abort) from the
+    loss. Off, they train with their reward (0 for the built-in tasks): a penalty for rambling."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    """``token-mean``: every trained token of the batch weighs the same (DAPO).
+    ``seq-mean-token-mean``: average per sequence, then over sequences (GRPO's original form)."""
+    adv_eps: float = 1e-6
+    """Added to the group standard deviation before dividing."""
+    adv_scale_by_std: bool = True
+    """Divide advantages by the group's standard deviation (off: Dr. GRPO's mean-centring only)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (the loss subtracts ``entropy_coef × mean entropy``)."""
+    compute_entropy: bool = True
+    """Compute the policy entropy of trained tokens for the statistics (one softmax pass)."""
+    num_threads: int | None = None
+    """``torch.set_num_threads`` for the trainer; ``None`` leaves torch's setting."""
+    seed: int = 0
+    """Seed of warm start's shuffling and sampling."""
+    warm_start_steps: int = 40
+    """Supervised steps on the task's reference answers before RL (0 skips warm start)."""
+    warm_start_batch_size: int = 64
+    """Samples per warm-start step."""
+    warm_start_lr: float = 3e-3
+    """AdamW learning rate of warm start."""
+
+    def problems(self) -> list[str]:
+        """Every invalid setting, each as ``name=value: why; the fix``."""
+        p: list[str] = []
+        if not self.lr > 0:
+            p.append(f"train.lr={self.lr}: must be > 0")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            p.append(f"train.grad_clip={self.grad_clip}: must be > 0, or null to not clip")
+        if self.minibatches < 1:
+            p.append(f"train.minibatches={self.minibatches}: must be >= 1")
+        if not 0 < self.clip_eps < 1:
+            p.append(f"train.clip_eps={self.clip_eps}: must be in (0, 1); 0.2 is usual")
+        if self.clip_eps_high is not None and not self.clip_eps_high > 0:
+            p.append(f"train.clip_eps_high={self.clip_eps_high}: must be > 0 (0.28 is DAPO's)")
+        if self.prox_mode not in ("recompute", "loglinear", "none"):
+            p.append(f"train.prox_mode={self.prox_mode!r}: use recompute, loglinear or none")
+        if self.tis_cap is not None and not self.tis_cap >= 1:
+            p.append(f"train.tis_cap={self.tis_cap}: must be >= 1 (2 is usual), or null")
+        if self.tis_cap is not None and self.prox_mode == "none":
+            p.append(
+                f"train.tis_cap={self.tis_cap} with prox_mode='none': the behaviour weight is 1 "
+                "without a proximal policy; set prox_mode to recompute or loglinear, or tis_cap "
+                "to null"
+            )
+        if self.rejection not in ("none", "token", "sequence"):
+            p.append(f"train.rejection={self.rejection!r}: use none, token or sequence")
+        if not 0 <= self.rejection_low < 1 < self.rejection_high:
+            p.append(
+                f"train.rejection_low={self.rejection_low}, rejection_high="
+                f"{self.rejection_high}: need 0 <= low < 1 < high"
+            )
+        if self.loss_agg not in ("token-mean", "seq-mean-token-mean"):
+            p.append(f"train.loss_agg={self.loss_agg!r}: use token-mean or seq-mean-token-mean")
+        if not self.adv_eps >= 0:
+            p.append(f"train.adv_eps={self.adv_eps}: must be >= 0")
+        if self.num_threads is not None and self.num_threads < 1:
+            p.append(f"train.num_threads={self.num_threads}: must be >= 1, or null")
+        if self.warm_start_steps < 0:
+            p.append(f"train.warm_start_steps={self.warm_start_steps}: must be >= 0")
+        if self.warm_start_batch_size < 1:
+            p.append(f"train.warm_start_batch_size={self.warm_start_batch_size}: must be >= 1")
+        if not self.warm_start_lr > 0:
+            p.append(f"train.warm_start_lr={self.warm_start_lr}: must be > 0")
+        return p
+
+    def validate(self) -> TrainConfig:
+        """Raise every problem at once as a :class:`ConfigError`; return ``self`` if none."""
+        p = self.problems()
+        if p:
+            raise ConfigError(p)
+        return self

@@ -1,0 +1,192 @@
+"""Sampling from a Hugging Face model in this process: for warm start, evaluation and tests.
+
+This is not an inference engine (no continuous batching, no weight updates mid-request); the
+engines in :mod:`stalebound.engines` are. It reports what an engine reports — per-token raw
+log-probabilities (temperature 1) and versions — so its output feeds the trainer the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from stalebound.tasks.base import Sample, Task, Trajectory
+from stalebound.tasks.workflow import (
+    SingleTurnWorkflow,
+    TokenizerLike,
+    decode_text,
+    encode_prompt,
+    eos_id,
+)
+
+__all__ = ["LocalGenerateFn", "LocalGeneration", "evaluate", "generate_batch", "rollout_groups"]
+
+
+@dataclass(frozen=True)
+class LocalGeneration:
+    """One generated sequence (the fields of an engine's response)."""
+
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    output_versions: tuple[int, ...]
+    finish_reason: str
+
+
+@torch.no_grad()
+def generate_batch(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    temperature: float = 1.0,
+    version: int = 0,
+) -> list[LocalGeneration]:
+    """Sample a continuation of every prompt (left-padded into one batch, KV-cached).
+
+    ``temperature`` 0 is greedy. Each sequence stops after ``eos_token_id`` (included, finish
+    reason ``stop``) or ``max_new_tokens`` tokens (``length``). Seed with ``torch.manual_seed``.
+    """
+    was_training = model.training
+    model.eval()
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+        attn[i, width - len(p) :] = 1
+    greedy = temperature == 0
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=attn,
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        temperature=None if greedy else temperature,
+        top_k=None,
+        top_p=None,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    if was_training:
+        model.train()
+    new = out.sequences[:, width:]
+    logp = torch.stack([torch.log_softmax(x.float(), -1) for x in out.logits], dim=1)
+    chosen = logp.gather(-1, new[:, :, None]).squeeze(-1)
+    results = []
+    for i in range(len(prompts)):
+        toks = new[i].tolist()
+        n = toks.index(eos_token_id) + 1 if eos_token_id in toks else len(toks)
+        finish = "stop" if n and toks[n - 1] == eos_token_id else "length"
+        results.append(
+            LocalGeneration(tuple(toks[:n]), tuple(chosen[i, :n].tolist()), (version,) * n, finish)
+        )
+    return results
+
+
+class LocalGenerateFn:
+    """A :class:`~stalebound.tasks.workflow.GenerateFn` over a local model, one call at a time
+    (for multi-turn workflows in evaluation and tests)."""
+
+    def __init__(self, model: Any, *, temperature: float = 1.0, version: int = 0) -> None:
+        self.model = model
+        self.temperature = temperature
+        self.version = version
+
+    async def __call__(
+        self, input_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int]
+    ) -> LocalGeneration:
+        eos = int(stop_token_ids[0])
+        return generate_batch(
+            self.model,
+            [input_ids],
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            temperature=self.temperature,
+            version=self.version,
+        )[0]
+
+
+def rollout_groups(
+    model: Any,
+    tokenizer: TokenizerLike,
+    task: Task,
+    samples: Sequence[Sample],
+    group_size: int,
+    *,
+    temperature: float = 1.0,
+    version: int = 0,
+) -> list[list[Trajectory]]:
+    """``group_size`` sampled trajectories per sample, as groups (what a synchronous RL step
+    trains on). Single-turn tasks are sampled in one batch; others run their workflow."""
+    workflow = task.workflow(tokenizer)
+    if not isinstance(workflow, SingleTurnWorkflow):
+        gen = LocalGenerateFn(model, temperature=temperature, version=version)
+
+        async def run_all() -> list[list[Trajectory]]:
+            return [[await workflow.run(gen, s) for _ in range(group_size)] for s in samples]
+
+        return asyncio.run(run_all())
+    eos = eos_id(tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    prompts = [encode_prompt(tokenizer, task.prompt(s)) for s in samples]
+    flat = [p for p in prompts for _ in range(group_size)]
+    gens = generate_batch(
+        model,
+        flat,
+        max_new_tokens=task.config.max_new_tokens,
+        eos_token_id=eos,
+        pad_token_id=int(pad),
+        temperature=temperature,
+        version=version,
+    )
+    groups: list[list[Trajectory]] = []
+    for i, s in enumerate(samples):
+        group = []
+        for j in range(group_size):
+            g = gens[i * group_size + j]
+            truncated = g.finish_reason != "stop"
+            response = decode_text(tokenizer, g.output_ids)
+            metrics = task.metrics(s, response, truncated=truncated)
+            group.append(
+                Trajectory(
+                    prompt_ids=prompts[i],
+                    output_ids=list(g.output_ids),
+                    behaviour_logprobs=list(g.output_logprobs),
+                    versions=list(g.output_versions),
+                    reward=metrics["score"],
+                    truncated=truncated,
+                    version=version,
+                    sample_id=s.id,
+                    response=response,
+                    metrics=metrics,
+                )
+            )
+        groups.append(group)
+    return groups
+
+
+def evaluate(
+    model: Any,
+    tokenizer: TokenizerLike,
+    task: Task,
+    samples: Sequence[Sample],
+    *,
+    temperature: float = 0.0,
+) -> dict[str, float]:
+    """Mean ``score`` and ``acc`` of ``model`` on ``samples`` (greedy by default)."""
+    groups = rollout_groups(model, tokenizer, task, samples, 1, temperature=temperature)
+    trajs = [g[0] for g in groups]
+    n = len(trajs)
+    return {
+        "score": sum(t.metrics["score"] for t in trajs) / n,
+        "acc": sum(t.metrics["acc"] for t in trajs) / n,
+        "response_length": sum(len(t.output_ids) for t in trajs) / n,
+    }

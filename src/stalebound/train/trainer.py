@@ -1,0 +1,367 @@
+"""The built-in trainer: GRPO with off-policy corrections over any Hugging Face causal LM.
+
+One :meth:`Trainer.step` trains on one consumed batch (groups of trajectories): it builds a padded
+token batch, recomputes the current log-probs, computes the loss of
+:mod:`stalebound.train.losses`, steps AdamW, increments the version and calls the publish hooks
+with ``(state_dict, version)`` so engines can load the new weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from stalebound.core.errors import ConfigError
+from stalebound.tasks.base import Trajectory
+from stalebound.tasks.workflow import TokenizerLike
+from stalebound.train.config import TrainConfig
+from stalebound.train.losses import (
+    PolicyLossStats,
+    group_advantages,
+    loglinear_proximal_logprobs,
+    policy_loss,
+)
+
+__all__ = ["PublishHook", "StepStats", "TokenBatch", "Trainer", "build_batch", "token_logprobs"]
+
+log = logging.getLogger(__name__)
+
+PublishHook = Callable[[dict[str, Tensor], int], None]
+"""Called after every step with the new weights (CPU tensors) and the new version."""
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one training step did. Staleness is ``batch_version − version`` of each trained token
+    (``staleness_*``) and of each trajectory's V_traj (``traj_staleness_*``)."""
+
+    version: int
+    """The trainer's version after the step."""
+    batch_version: int
+    """The version the batch was trained at (the consumed buffer's version)."""
+    num_groups: int
+    num_trajectories: int
+    num_trained_tokens: int
+    loss: float
+    reward_mean: float
+    reward_std: float
+    accuracy: float
+    """Mean ``acc`` metric of the trajectories (NaN if they carry none)."""
+    response_length: float
+    """Mean output tokens per trajectory."""
+    truncated_fraction: float
+    zero_advantage_fraction: float
+    """Share of trajectories in groups whose rewards are all equal (no learning signal)."""
+    entropy: float
+    ratio_mean: float
+    ratio_max: float
+    ratio_min: float
+    clip_fraction: float
+    masked_fraction: float
+    """Share of valid output tokens the loss dropped (truncation mask and rejection)."""
+    behaviour_weight_mean: float
+    kl_behaviour: float
+    staleness_mean: float
+    staleness_max: int
+    traj_staleness_mean: float
+    traj_staleness_max: int
+    grad_norm: float
+    step_time_s: float
+
+    def as_dict(self) -> dict[str, float]:
+        """The statistics as a flat mapping (for metrics files and TensorBoard)."""
+        return {k: float(v) for k, v in asdict(self).items()}
+
+
+@dataclass
+class TokenBatch:
+    """Padded tensors of a batch. ``input_ids``/``attention_mask`` are ``[B, L]`` (right padded);
+    the per-token tensors are ``[B, L − 1]``, position j describing token ``input_ids[:, j + 1]``
+    (the one predicted by the logits at j)."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    targets: Tensor
+    loss_mask: Tensor
+    behaviour_logprobs: Tensor
+    versions: Tensor
+    truncated: Tensor
+    """``[B]`` bool."""
+
+
+def build_batch(trajectories: Sequence[Trajectory], pad_token_id: int) -> TokenBatch:
+    """Pad ``prompt_ids + output_ids`` of each trajectory into one :class:`TokenBatch`; only
+    output tokens with ``loss_mask`` 1 are marked for the loss."""
+    if not trajectories:
+        raise ConfigError("an empty batch: the trainer needs at least one trajectory")
+    for t in trajectories:
+        if not t.prompt_ids:
+            raise ConfigError(
+                f"trajectory {t.sample_id!r} has no prompt tokens; every prompt needs at least "
+                "one token (prepend <bos>)"
+            )
+    length = max(len(t.prompt_ids) + len(t.output_ids) for t in trajectories)
+    b = len(trajectories)
+    ids = torch.full((b, length), pad_token_id, dtype=torch.long)
+    attn = torch.zeros((b, length), dtype=torch.long)
+    mask = torch.zeros((b, length - 1))
+    behav = torch.zeros((b, length - 1))
+    vers = torch.zeros((b, length - 1), dtype=torch.long)
+    for i, t in enumerate(trajectories):
+        p, n = len(t.prompt_ids), len(t.output_ids)
+        ids[i, : p + n] = torch.tensor(t.prompt_ids + t.output_ids, dtype=torch.long)
+        attn[i, : p + n] = 1
+        if n:
+            s = slice(p - 1, p - 1 + n)
+            lm = t.loss_mask if t.loss_mask is not None else [1] * n
+            mask[i, s] = torch.tensor(lm, dtype=torch.float32)
+            behav[i, s] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
+            vers[i, s] = torch.tensor(t.versions, dtype=torch.long)
+    return TokenBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        targets=ids[:, 1:],
+        loss_mask=mask,
+        behaviour_logprobs=behav,
+        versions=vers,
+        truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
+    )
+
+
+def token_logprobs(
+    model: Any, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probabilities ``[B, L − 1]`` of ``input_ids[:, 1:]`` under ``model`` (temperature 1),
+    and the entropy of each of those next-token distributions if asked."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    out = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        entropy = -(logp.exp() * logp).sum(-1)
+    return out, entropy
+
+
+class Trainer:
+    """GRPO with PPO clipping and the off-policy corrections of :class:`TrainConfig`.
+
+    ``model`` is any Hugging Face causal LM (``model(input_ids, attention_mask).logits``);
+    ``tokenizer`` supplies the padding id (its ``pad_token_id``, else ``eos_token_id``). The trainer
+    owns an AdamW optimizer over the model's parameters. ``version`` is the policy version of the
+    model's current weights; each :meth:`step` makes it ``version + 1``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: TokenizerLike | None = None,
+        config: TrainConfig | None = None,
+        *,
+        version: int = 0,
+        pad_token_id: int | None = None,
+    ) -> None:
+        self.config = (config or TrainConfig()).validate()
+        if self.config.num_threads is not None:
+            torch.set_num_threads(self.config.num_threads)
+        self.model = model
+        pad = pad_token_id
+        if pad is None and tokenizer is not None:
+            pad = tokenizer.pad_token_id
+            if pad is None:
+                pad = tokenizer.eos_token_id
+        self.pad_token_id = int(pad) if pad is not None else 0
+        self._version = version
+        self._hooks: list[PublishHook] = []
+        c = self.config
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=c.lr,
+            betas=c.betas,
+            weight_decay=c.weight_decay,
+        )
+
+    @property
+    def version(self) -> int:
+        """The policy version of the model's current weights."""
+        return self._version
+
+    def publish(self, callback: PublishHook) -> None:
+        """Call ``callback(state_dict, version)`` after every step (in registration order)."""
+        self._hooks.append(callback)
+
+    def state_dict_for_engines(self) -> dict[str, Tensor]:
+        """The model's weights as detached, contiguous CPU tensors (safe to send or save)."""
+        return {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
+
+    # -- one training step ---------------------------------------------------------------------
+    def step(
+        self, groups: Sequence[Sequence[Trajectory]], *, batch_version: int | None = None
+    ) -> StepStats:
+        """Train on ``groups`` (the consumed batch), bump the version, publish, return stats.
+
+        ``batch_version`` is the version the batch is trained at (staleness is measured against
+        it); ``None`` means the trainer's current version.
+        """
+        t0 = time.perf_counter()
+        c = self.config
+        v = self._version if batch_version is None else batch_version
+        trajs = [t for g in groups for t in g]
+        if not trajs:
+            raise ConfigError("step() got no trajectories; pass at least one non-empty group")
+        group_of = torch.tensor([gi for gi, g in enumerate(groups) for _ in g])
+        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+        adv = group_advantages(rewards, group_of, eps=c.adv_eps, scale_by_std=c.adv_scale_by_std)
+        batch = build_batch(trajs, self.pad_token_id)
+        valid = batch.loss_mask
+        seq_keep = (~batch.truncated).float() if c.mask_truncated else torch.ones(len(trajs))
+        train_mask = valid * seq_keep[:, None]
+
+        self.model.train()
+        prox_all: Tensor | None = None
+        if c.prox_mode == "recompute" and c.minibatches > 1:
+            with torch.no_grad():
+                prox_all, _ = token_logprobs(
+                    self.model, batch.input_ids, batch.attention_mask, with_entropy=False
+                )
+
+        parts = [p for p in torch.arange(len(trajs)).chunk(c.minibatches) if p.numel()]
+        weights = [float(train_mask[p].sum()) for p in parts]
+        total_w = sum(weights) or 1.0
+        acc: dict[str, float] = {}
+        grad_norms: list[float] = []
+        ratio_max, ratio_min = -math.inf, math.inf
+        for k, idx in enumerate(parts):
+            lp, ent = token_logprobs(
+                self.model,
+                batch.input_ids[idx],
+                batch.attention_mask[idx],
+                with_entropy=c.compute_entropy or c.entropy_coef > 0,
+            )
+            behav = batch.behaviour_logprobs[idx]
+            prox: Tensor | None
+            if c.prox_mode == "none":
+                prox = None
+            elif c.prox_mode == "recompute":
+                prox = lp.detach() if prox_all is None else prox_all[idx]
+            else:
+                prox = loglinear_proximal_logprobs(
+                    behav,
+                    lp,
+                    batch.versions[idx],
+                    proximal_version=v,
+                    current_version=v + k / len(parts),
+                )
+            loss, st = policy_loss(
+                lp,
+                behav,
+                adv[idx],
+                train_mask[idx],
+                proximal_logprobs=prox,
+                clip_eps=c.clip_eps,
+                clip_eps_high=c.clip_eps_high,
+                tis_cap=c.tis_cap,
+                rejection=c.rejection,
+                rejection_low=c.rejection_low,
+                rejection_high=c.rejection_high,
+                entropy=ent,
+                loss_agg=c.loss_agg,
+            )
+            if c.entropy_coef > 0 and ent is not None:
+                m = train_mask[idx]
+                loss = loss - c.entropy_coef * (ent * m).sum() / m.sum().clamp(min=1)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            if c.grad_clip is not None:
+                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+            else:
+                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), float("inf"))
+            grad_norms.append(float(gn))
+            self.optimizer.step()
+            self._accumulate(acc, st, weights[k] / total_w)
+            if st.num_tokens or weights[k]:
+                ratio_max = max(ratio_max, st.ratio_max)
+                ratio_min = min(ratio_min, st.ratio_min)
+
+        self._version += 1
+        stats = self._stats(
+            trajs, groups, batch, train_mask, acc, ratio_max, ratio_min, v, grad_norms, t0
+        )
+        if self._hooks:
+            weights_now = self.state_dict_for_engines()
+            for hook in self._hooks:
+                hook(weights_now, self._version)
+        return stats
+
+    @staticmethod
+    def _accumulate(acc: dict[str, float], st: PolicyLossStats, w: float) -> None:
+        for key in (
+            "loss",
+            "ratio_mean",
+            "clip_fraction",
+            "behaviour_weight_mean",
+            "kl_behaviour",
+            "entropy",
+        ):
+            value = getattr(st, key)
+            if not math.isnan(value):
+                acc[key] = acc.get(key, 0.0) + w * value
+        acc["num_tokens"] = acc.get("num_tokens", 0.0) + st.num_tokens
+
+    def _stats(
+        self,
+        trajs: list[Trajectory],
+        groups: Sequence[Sequence[Trajectory]],
+        batch: TokenBatch,
+        train_mask: Tensor,
+        acc: dict[str, float],
+        ratio_max: float,
+        ratio_min: float,
+        v: int,
+        grad_norms: list[float],
+        t0: float,
+    ) -> StepStats:
+        rewards = [t.reward for t in trajs]
+        valid = batch.loss_mask
+        trained = train_mask.bool()
+        tok_stale = (v - batch.versions)[trained]
+        traj_stale = [v - t.v_traj for t in trajs]
+        accs = [t.metrics["acc"] for t in trajs if "acc" in t.metrics]
+        n_valid = float(valid.sum())
+        zero_adv = sum(len(g) for g in groups if len({t.reward for t in g}) <= 1)
+        nan = float("nan")
+        mean_r = sum(rewards) / len(rewards)
+        return StepStats(
+            version=self._version,
+            batch_version=v,
+            num_groups=len(groups),
+            num_trajectories=len(trajs),
+            num_trained_tokens=int(acc.get("num_tokens", 0)),
+            loss=acc.get("loss", 0.0),
+            reward_mean=mean_r,
+            reward_std=math.sqrt(sum((r - mean_r) ** 2 for r in rewards) / len(rewards)),
+            accuracy=sum(accs) / len(accs) if accs else nan,
+            response_length=sum(len(t.output_ids) for t in trajs) / len(trajs),
+            truncated_fraction=sum(t.truncated for t in trajs) / len(trajs),
+            zero_advantage_fraction=zero_adv / len(trajs),
+            entropy=acc.get("entropy", nan),
+            ratio_mean=acc.get("ratio_mean", nan),
+            ratio_max=ratio_max if math.isfinite(ratio_max) else nan,
+            ratio_min=ratio_min if math.isfinite(ratio_min) else nan,
+            clip_fraction=acc.get("clip_fraction", 0.0),
+            masked_fraction=1.0 - acc.get("num_tokens", 0.0) / n_valid if n_valid else 0.0,
+            behaviour_weight_mean=acc.get("behaviour_weight_mean", nan),
+            kl_behaviour=acc.get("kl_behaviour", nan),
+            staleness_mean=float(tok_stale.float().mean()) if tok_stale.numel() else 0.0,
+            staleness_max=int(tok_stale.max()) if tok_stale.numel() else 0,
+            traj_staleness_mean=sum(traj_stale) / len(traj_stale),
+            traj_staleness_max=max(traj_stale),
+            grad_norm=sum(grad_norms) / len(grad_norms),
+            step_time_s=time.perf_counter() - t0,
+        )
