@@ -59,9 +59,12 @@ def test_replicas_generate_with_raw_logprobs_and_versions(router: Any, model_dir
     before = router.statistics().routed
     responses = generate_all(router, "gen")
     routed = router.statistics().routed
-    assert [b - a for a, b in zip(before, routed)] == [2, 2]  # least-loaded: both replicas serve
+    assert [b - a for a, b in zip(before, routed, strict=True)] == [
+        2,
+        2,
+    ]  # least-loaded: both replicas serve
     model = load_model(model_dir)
-    for prompt, r in zip(PROMPTS, responses):
+    for prompt, r in zip(PROMPTS, responses, strict=True):
         assert r.finish_reason == "length" and len(r.output_ids) == GREEDY.max_new_tokens
         assert r.output_versions == (router.get_version(),) * len(r.output_ids)
         ref = reference_logprobs(model, prompt, r.output_ids)
@@ -137,4 +140,4 @@ def test_published_weights_change_outputs_and_versions_on_every_replica(
     assert all(set(r.output_versions) == {start + 2} for r in restored)
     stats = router.ray_statistics()
     assert stats.weight_updates == 2 and len(stats.publish_s) == 2
-    assert all(p >= q > 0 for p, q in zip(stats.publish_s, stats.put_s))
+    assert all(p >= q > 0 for p, q in zip(stats.publish_s, stats.put_s, strict=True))

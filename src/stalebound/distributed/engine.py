@@ -306,7 +306,7 @@ class RayRouter(Router):
     :class:`ReplicaLostError`.
     """
 
-    engines: tuple[RayEngine, ...]  # type: ignore[assignment]
+    engines: tuple[RayEngine, ...]
 
     def __init__(
         self, engines: Sequence[RayEngine], *, max_in_flight_per_engine: int | None = None

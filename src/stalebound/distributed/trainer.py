@@ -121,7 +121,7 @@ class _TrainerRank:
         self._reduced = 0
         self._batch_version: int | None = None
         for p in self._params:
-            p.register_post_accumulate_grad_hook(self._on_grad)
+            p.register_post_accumulate_grad_hook(self._on_grad)  # type: ignore[no-untyped-call]
         # One forward with gradients per minibatch: it selects that minibatch's share.
         self.model.register_forward_pre_hook(self._on_forward)
 
@@ -129,7 +129,7 @@ class _TrainerRank:
         """``host:port`` for the process group's store: this node's address and a free port."""
         import ray
 
-        host = ray.util.get_node_ip_address()
+        host: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
@@ -170,7 +170,9 @@ class _TrainerRank:
         import torch
         import torch.distributed as dist
 
-        grads = [p.grad for p in self._params]
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if len(grads) != len(self._params):
+            raise RuntimeError(f"rank {self.rank}: a parameter has no gradient after backward")
         flat = torch.cat([g.reshape(-1) for g in grads]) * self._share
         dist.all_reduce(flat)
         offset = 0
@@ -235,7 +237,8 @@ class _TrainerRank:
         dist.all_reduce(totals)
         # Rank r's loss is its sum over its own denominator: weight it by its share of the total.
         self._shares = [
-            (d / t) if t > 0 else 1.0 / self.world_size for d, t in zip(local, totals.tolist())
+            (d / t) if t > 0 else 1.0 / self.world_size
+            for d, t in zip(local, totals.tolist(), strict=True)
         ]
         self._minibatch = 0
         self._reduced = 0
@@ -296,7 +299,7 @@ class RayTrainerGroup:
 
         if not isinstance(world_size, int) or world_size < 1:
             raise ConfigError(f"train_data_parallel_size={world_size!r}: must be an integer >= 1")
-        ray = import_ray()
+        import_ray()  # fail early, with the extra to install
         self.world_size = world_size
         self.config = (train_config or TrainConfig()).validate()
         self._version = version
@@ -350,7 +353,7 @@ class RayTrainerGroup:
         shards = split_groups(groups, self.world_size)
         refs = [
             rank.step.remote(shard, batch_version, r == 0)
-            for r, (rank, shard) in enumerate(zip(self.ranks, shards))
+            for r, (rank, shard) in enumerate(zip(self.ranks, shards, strict=True))
         ]
         results = self._gather(refs)
         per_rank = [stats for stats, _ in results]
@@ -411,7 +414,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _weighted(values: Sequence[float], weights: Sequence[float]) -> float:
-    pairs = [(v, w) for v, w in zip(values, weights) if w > 0 and not math.isnan(v)]
+    pairs = [(v, w) for v, w in zip(values, weights, strict=True) if w > 0 and not math.isnan(v)]
     total = sum(w for _, w in pairs)
     return sum(v * w for v, w in pairs) / total if total else float("nan")
 
