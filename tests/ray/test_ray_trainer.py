@@ -119,7 +119,7 @@ def test_a_dead_rank_stops_the_group_naming_it(ray_instance: Any, model_dir: Pat
     batch = make_batch(load_model(model_dir), groups=2, size=2, seed=7, shift=0.0)
     try:
         ray_instance.kill(group.ranks[1])
-        with pytest.raises(TrainerRankError, match="trainer rank 1 failed: .*Actor") as info:
+        with pytest.raises(TrainerRankError, match=r"trainer rank 1 failed: .*Actor") as info:
             group.step(batch)
         assert info.value.rank == 1
         with pytest.raises(TrainerRankError, match="stopped"):
