@@ -9,7 +9,7 @@ setup:
 
 ## The main job on the embedded default.
 run: setup
-	$(PY) -m stalebound walkthrough
+	$(PY) -m stalebound train
 
 walkthrough: setup
 	$(PY) -m stalebound walkthrough

@@ -6,7 +6,7 @@ the defaults of ``stalebound train``: warm start, then RL steps of ``--batch`` p
 stand-in for asynchronous rollouts) to exercise the off-policy corrections. Prints one line per
 evaluation: elapsed seconds, step, greedy held-out score, mean sampled reward, ratio/KL stats.
 
-    PYTHONPATH=src python bench/train_tiny_addition.py --digits 1 --steps 120
+    PYTHONPATH=src python bench/train_tiny_addition.py [--staleness 2] [--prox-mode recompute]
 """
 
 from __future__ import annotations
@@ -33,20 +33,20 @@ def main() -> None:
     ap.add_argument("--digits", type=int, default=1)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--warm-steps", type=int, default=40)
     ap.add_argument("--warm-lr", type=float, default=3e-3)
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--staleness", type=int, default=0)
-    ap.add_argument("--prox-mode", default="recompute")
+    ap.add_argument("--prox-mode", default="none")
     ap.add_argument("--tis-cap", type=float, default=2.0)
     ap.add_argument("--rejection", default="none")
     ap.add_argument("--minibatches", type=int, default=1)
-    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()

@@ -719,7 +719,7 @@ def test_seed_custom_staleness_manager_with_smooth_version_provider() -> None:
     )
 
     for policy in ("buffer", "capacity"):
-        config = RolloutConfig(staleness_policy=policy, group_size=1)
+        config = RolloutConfig(staleness_policy=policy, group_size=1, consumer_batch_size=8)
         # Pass to executor
 
         executor = WorkflowExecutor(config, inference_engine, staleness_manager=custom_manager)

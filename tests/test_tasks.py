@@ -330,8 +330,8 @@ def test_calculator_rejects_bad_latency_settings() -> None:
     assert len(e.value.problems) == 2
 
 
-def test_tasks_import_no_torch() -> None:
-    code = "import stalebound.tasks, sys; print('torch' in sys.modules)"
+def test_tasks_and_train_config_import_no_torch() -> None:
+    code = "import stalebound.tasks, stalebound.train, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -259,3 +259,34 @@ def test_rl_after_warm_start_raises_the_sampled_reward() -> None:
     assert first > 0.1  # warm start gave a non-zero reward
     print(f"sampled reward: first 10 steps {first:.3f}, last 10 steps {last:.3f}")
     assert last > first + 0.08, (first, last)
+
+
+def test_demonstration_tokens_mask_prompt_and_tool_turns() -> None:
+    from stalebound.train.warmstart import demonstration_tokens
+
+    cfg = TaskConfig(name="calculator")
+    task = make_task(cfg)
+    from stalebound.tasks import Sample
+
+    toks, mask = demonstration_tokens(TOK, task, Sample("0", "2*3+4", "10"))
+    text = "".join(TOK.decode([t]) for t in toks)
+    assert text == "<bos>2*3+4?[2*3]<eos>=6;[6+4]<eos>=10;10<eos>"
+    trained = "".join(TOK.decode([t]) for t, m in zip(toks, mask, strict=True) if m)
+    assert trained == "[2*3]<eos>[6+4]<eos>10<eos>"
+
+
+@pytest.mark.slow
+def test_multi_turn_rollouts_train_with_tool_tokens_masked() -> None:
+    model = tiny_llama(vocab_size=TOK.vocab_size)
+    cfg = TaskConfig(name="calculator", max_new_tokens=10)
+    cfg.calculator.latency.distribution = "none"
+    task = make_task(cfg)
+    samples = task.generate_samples(2, seed=0)
+    warm_start(model, TOK, task, 30, samples=task.generate_samples(200, seed=1), batch_size=32)
+    groups = rollout_groups(model, TOK, task, samples, 2, version=0)
+    trajs = [t for g in groups for t in g]
+    assert all(t.loss_mask is not None for t in trajs)
+    assert any(t.metrics["tool_calls"] >= 1 for t in trajs)  # warm start taught the call format
+    st = Trainer(model, TOK).step(groups)
+    assert st.num_trained_tokens == sum(t.num_trained_tokens for t in trajs)
+    assert st.ratio_mean == pytest.approx(1.0, abs=1e-4)

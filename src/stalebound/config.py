@@ -16,6 +16,8 @@ from typing import Any, ClassVar, Literal, TypeVar, overload
 
 from stalebound import typedconfig
 from stalebound.core.errors import ConfigError
+from stalebound.tasks.config import TaskConfig
+from stalebound.train.config import TrainConfig
 from stalebound.typedconfig import Invalid, bounds, null_means
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "ProactiveFilterConfig",
     "RayConfig",
     "RolloutConfig",
+    "RunConfig",
     "StaleboundConfig",
     "config_reference",
     "dump_yaml",
@@ -85,7 +88,7 @@ class RolloutConfig:
     """η, the staleness bound: a trajectory generated at version V is trained at V + η at the latest.
     0 is synchronous training. Aliases: ``psrl.staleness``, ``--max-head-offpolicyness``."""
     consumer_batch_size: int = field(
-        default=8, metadata=bounds(ge=1, fix="train on at least one group per step")
+        default=32, metadata=bounds(ge=1, fix="train on at least one group per step")
     )
     """B, groups per training step."""
     max_concurrent_rollouts: int | None = field(
@@ -94,7 +97,7 @@ class RolloutConfig:
     )
     """The most groups generating at once; ``None`` means ``(η + 1)·B′``, all the window allows."""
     group_size: int = field(
-        default=4, metadata=bounds(ge=1, fix="use 1 for no grouping, more for GRPO-style groups")
+        default=8, metadata=bounds(ge=1, fix="use 1 for no grouping, more for GRPO-style groups")
     )
     """N, trajectories per group (GRPO's group). Alias: ``psrl.rollout_n``."""
     buffer_size: int | None = field(
@@ -178,8 +181,6 @@ class EngineConfig:
     every token keeps its version), or abort and ``resubmit`` prompt + partial output."""
     num_threads: int = field(default=1, metadata=bounds(ge=1, fix="e.g. 1 per worker"))
     """torch threads per local worker."""
-    max_new_tokens: int = field(default=16, metadata=bounds(ge=1, fix="e.g. 16"))
-    """Generation limit per model turn."""
     temperature: float = field(default=1.0, metadata=bounds(ge=0, fix="0 is greedy, 1 samples"))
     """Sampling temperature of rollouts."""
     top_p: float = field(default=1.0, metadata=bounds(gt=0, le=1, fix="1 keeps every token"))
@@ -192,6 +193,47 @@ class EngineConfig:
                 f"kind={self.kind} needs at least one server URL",
                 "set engine.urls=[http://127.0.0.1:8000], or use engine.kind=local",
             )
+
+
+@dataclass
+class RunConfig:
+    """The main job: how long it trains, where it writes, what it shows."""
+
+    steps: int = field(default=60, metadata=bounds(ge=1, fix="train at least one step"))
+    """Training steps (one consumed batch each)."""
+    run_dir: str | None = None
+    """The run directory; ``None`` makes ``runs/<date>-<time>``."""
+    live: bool | None = None
+    """The live terminal view: ``true`` always draws it, ``false`` prints a line per step, ``null``
+    draws it on a terminal only."""
+    eval_prompts: int = field(default=100, metadata=bounds(ge=1, fix="e.g. 100"))
+    """Prompts of the greedy evaluation before and after RL."""
+    target_reward: float = 0.6
+    """The training reward (mean over the last 5 steps) that counts as reached for
+    ``time_to_target_s``."""
+    checkpoint: bool = True
+    """Write a checkpoint into the run directory at the end."""
+    plots: bool = True
+    """Draw the PNG plots into the run directory at the end."""
+    tensorboard: bool = True
+    """Write TensorBoard event files into the run directory."""
+
+
+def _adapt_problems(problems: list[str], section: str) -> Iterator[Invalid]:
+    """Turn a section's own ``name=value: why; fix`` strings into the loader's problems."""
+    for text in problems:
+        head, _, rest = text.partition(": ")
+        key = head.split("=", 1)[0].removeprefix(section + ".").split(",")[0]
+        why, _, fix = rest.partition("; ")
+        yield Invalid(key, why, fix or "see docs/config.md")
+
+
+@dataclass
+class TrainSection(TrainConfig):
+    """The trainer: GRPO with PPO clipping and the off-policy corrections (see docs/training.md)."""
+
+    def _validate(self) -> Iterator[Invalid]:
+        yield from _adapt_problems(self.problems(), "train")
 
 
 @dataclass
@@ -266,6 +308,9 @@ class StaleboundConfig:
     """Seed of every random choice (sampling, data order, simulated durations)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    train: TrainSection = field(default_factory=TrainSection)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    run: RunConfig = field(default_factory=RunConfig)
     backend: Literal["local", "ray"] = "local"
     """``local``: engines and trainer in this machine's processes. ``ray``: as Ray actors, on a
     local instance or the cluster at ``ray.address`` (see docs/scale-out.md)."""

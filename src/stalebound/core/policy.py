@@ -237,7 +237,10 @@ class CapacityPolicy:
         return max(1, self.counter.consumer_batch_size)
 
     def capacity(self, version: int | None = None) -> int:
-        return self.counter.capacity(self._v)
+        """AReaL's formula at ``version``: the engines' weight version when the driver knows it
+        (AReaL reads it from the engines, so it moves only after a weight update), else the
+        training version."""
+        return self.counter.capacity(self._v if version is None else min(version, self._v))
 
     def try_admit(self, group_id: Hashable, version: int | None = None) -> Admission | None:
         if group_id in self._running or group_id in self._done_ids:
@@ -250,7 +253,7 @@ class CapacityPolicy:
                 f"try_admit(version={V}): version {V} is from the future (the current version "
                 f"is {self._v})"
             )
-        if self.counter.capacity(self._v) <= 0:
+        if self.counter.capacity(V) <= 0:
             return None
         self.counter.enqueued()
         self.counter.submitted()

@@ -657,6 +657,21 @@ class WorkflowExecutor:
             return self._statistics()  # the loop is gone: nothing else touches the state
         return self._call(self._statistics)
 
+    def inspect_policy(self, fn: Callable[[StalenessPolicy], _T]) -> _T:
+        """Run a read-only ``fn(policy)`` on the loop thread (the only thread that touches the
+        policy) and return its result: how a live view reads the buffers safely."""
+        policy = self._require_policy()
+        return self._call(fn, policy)
+
+    def run_coroutine(self, coro: Any, timeout: float | None = None) -> Any:
+        """Run ``coro`` on the executor's event loop from another thread and wait for its result,
+        e.g. ``engine.update_weights(...)`` for the engine the workflows share."""
+        self._require_running()
+        if threading.get_ident() == self._loop_tid:
+            raise ProtocolError("run_coroutine(): call it from outside the executor's loop thread")
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
     # ------------------------------------------------------------------ thread plumbing
 
     def _require_policy(self) -> StalenessPolicy:

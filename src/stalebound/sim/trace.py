@@ -1,0 +1,303 @@
+"""Rollout traces: a JSON Lines file that records what each trajectory cost, and replay of it.
+
+Format (``format: stalebound-trace``, ``version: 1``): the first line is a header object, every
+following line one trajectory.
+
+Header::
+
+    {"type": "header", "format": "stalebound-trace", "version": 1, "source": "simulator",
+     "group_size": 8, "created": "2026-11-29T10:00:00Z", "meta": {...}}
+
+Trajectory::
+
+    {"type": "trajectory", "prompt_id": 17, "group_id": 23, "member": 0, "start": 12.5,
+     "end": 80.25, "tokens": 2048, "tool_latencies": [1.2, 0.4], "failed": false, "version": 3,
+     "complete": true, "outcome": "trained"}
+
+* ``prompt_id`` identifies the prompt (a retried group has a new ``group_id``, the same prompt).
+* ``start`` / ``end``: seconds from the start of the run (wall-clock for real runs, virtual time for
+  simulated ones) when generation began and ended.
+* ``tokens``: generated tokens; ``tool_latencies``: seconds of each tool call, in order.
+* ``failed``: the trajectory ended in an error after ``tokens`` tokens.
+* ``version``: V_traj, the policy version at the start of its generation.
+* ``complete``: it ran to its natural end (finished or failed). ``false`` when it was cut short
+  (surplus, aborted, truncated): its ``tokens`` are then a lower bound and replay skips it.
+* ``outcome`` (optional): ``trained``, ``dropped``, ``surplus``, ``retried``, ``failed`` ...
+
+Replay (:class:`ReplaySource`) keeps the workload and re-times it: each group launched for the
+k-th prompt draws its members from the complete records of the k-th prompt of the trace (cycling
+through them), and the engine model of the chosen workload decides how long they take. When the
+trace runs out of prompts it starts again from its first one and counts the wrap.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from stalebound.core.errors import ConfigError
+from stalebound.sim.workload import TrajectorySpec, split_turns
+
+__all__ = [
+    "TRACE_FORMAT",
+    "TRACE_VERSION",
+    "ReplaySource",
+    "TraceHeader",
+    "TraceRecorder",
+    "TrajectoryRecord",
+    "read_trace",
+    "trace_means",
+]
+
+log = logging.getLogger(__name__)
+
+TRACE_FORMAT = "stalebound-trace"
+TRACE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    """The first line of a trace."""
+
+    source: str = "runtime"
+    group_size: int | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    created: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryRecord:
+    """One trajectory of a trace (see the module docstring for the fields)."""
+
+    prompt_id: Any
+    group_id: Any
+    member: int
+    start: float
+    end: float
+    tokens: int
+    tool_latencies: tuple[float, ...] = ()
+    failed: bool = False
+    version: int = 0
+    complete: bool = True
+    outcome: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "type": "trajectory",
+            "prompt_id": self.prompt_id,
+            "group_id": self.group_id,
+            "member": self.member,
+            "start": round(self.start, 6),
+            "end": round(self.end, 6),
+            "tokens": self.tokens,
+            "tool_latencies": [round(t, 6) for t in self.tool_latencies],
+            "failed": self.failed,
+            "version": self.version,
+            "complete": self.complete,
+        }
+        if self.outcome is not None:
+            data["outcome"] = self.outcome
+        return data
+
+
+class TraceRecorder:
+    """Writes a trace: the header at once, then one line per :meth:`record` call.
+
+    Use it as a context manager, or call :meth:`close`. The runtime calls :meth:`record` when a
+    trajectory's generation ends; the simulator does the same with virtual times.
+    """
+
+    def __init__(self, target: str | Path | IO[str], header: TraceHeader | None = None) -> None:
+        if isinstance(target, str | Path):
+            # held open across record() calls and closed by close() / __exit__
+            self._file: IO[str] = Path(target).open("w", encoding="utf-8")  # noqa: SIM115
+            self._owned = True
+        else:
+            self._file = target
+            self._owned = False
+        h = header or TraceHeader()
+        created = h.created or datetime.datetime.now(datetime.timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
+        head: dict[str, Any] = {
+            "type": "header",
+            "format": TRACE_FORMAT,
+            "version": TRACE_VERSION,
+            "source": h.source,
+            "group_size": h.group_size,
+            "created": created,
+            "meta": dict(h.meta),
+        }
+        self._file.write(json.dumps(head, sort_keys=True) + "\n")
+        self.records = 0
+
+    def record(self, rec: TrajectoryRecord) -> None:
+        self._file.write(json.dumps(rec.to_json(), sort_keys=True) + "\n")
+        self.records += 1
+
+    def close(self) -> None:
+        if self._owned:
+            self._file.close()
+        else:
+            self._file.flush()
+
+    def __enter__(self) -> TraceRecorder:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def _need(ok: bool, path: str, line: int, what: str) -> None:
+    if not ok:
+        raise ConfigError(f"trace {path} line {line}: {what}")
+
+
+def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
+    """Parse a trace file; a malformed one raises :class:`ConfigError` naming the line."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(
+            f"replay={str(path)!r}: cannot read it ({exc.strerror}); give a trace file"
+        ) from None
+    records: list[TrajectoryRecord] = []
+    header: TraceHeader | None = None
+    for number, line in enumerate(_nonblank(lines), 1):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"trace {p} line {number}: not JSON ({exc.msg})") from None
+        _need(isinstance(obj, dict), str(p), number, "each line must be a JSON object")
+        if number == 1:
+            _need(
+                obj.get("type") == "header" and obj.get("format") == TRACE_FORMAT,
+                str(p),
+                number,
+                f"the first line must be a header with format {TRACE_FORMAT!r}; "
+                "is this a stalebound trace?",
+            )
+            _need(
+                obj.get("version") == TRACE_VERSION,
+                str(p),
+                number,
+                f"version={obj.get('version')!r}: this stalebound reads version {TRACE_VERSION}",
+            )
+            header = TraceHeader(
+                source=str(obj.get("source", "runtime")),
+                group_size=obj.get("group_size"),
+                meta=obj.get("meta") or {},
+                created=str(obj.get("created", "")),
+            )
+            continue
+        if obj.get("type") != "trajectory":
+            continue  # other record types are reserved for later versions
+        try:
+            tokens = obj["tokens"]
+            _need(
+                isinstance(tokens, int) and tokens >= 0,
+                str(p),
+                number,
+                f"tokens={tokens!r}: must be an integer ≥ 0",
+            )
+            tools = tuple(float(t) for t in obj.get("tool_latencies", ()))
+            _need(all(t >= 0 for t in tools), str(p), number, "tool latencies must be ≥ 0")
+            records.append(
+                TrajectoryRecord(
+                    prompt_id=obj["prompt_id"],
+                    group_id=obj.get("group_id"),
+                    member=int(obj.get("member", 0)),
+                    start=float(obj.get("start", 0.0)),
+                    end=float(obj.get("end", 0.0)),
+                    tokens=tokens,
+                    tool_latencies=tools,
+                    failed=bool(obj.get("failed", False)),
+                    version=int(obj.get("version", 0)),
+                    complete=bool(obj.get("complete", True)),
+                    outcome=obj.get("outcome"),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(
+                f"trace {p} line {number}: bad trajectory record ({type(exc).__name__}: {exc}); "
+                "see stalebound.sim.trace for the fields"
+            ) from None
+    if header is None:
+        raise ConfigError(f"trace {p}: empty; a trace starts with a header line")
+    return header, records
+
+
+def _nonblank(lines: list[str]) -> Iterator[str]:
+    return (line for line in lines if line.strip())
+
+
+def record_spec(rec: TrajectoryRecord) -> TrajectorySpec:
+    """The spec a complete record replays as: its tokens split around its tool calls."""
+    turns = len(rec.tool_latencies) + 1
+    tokens = max(1, rec.tokens)
+    segments = split_turns(tokens, turns)
+    tools = rec.tool_latencies[: len(segments) - 1]
+    return TrajectorySpec(tuple(segments), tools, rec.failed)
+
+
+class ReplaySource:
+    """Trajectory specs from a trace, by prompt in order of first appearance (module docstring)."""
+
+    def __init__(self, records: list[TrajectoryRecord], group_launch: int) -> None:
+        prompts: dict[Any, list[TrajectorySpec]] = {}
+        skipped = 0
+        for rec in records:
+            if not rec.complete:
+                skipped += 1
+                continue
+            prompts.setdefault(_hashable(rec.prompt_id), []).append(record_spec(rec))
+        if not prompts:
+            raise ConfigError(
+                "replay: the trace holds no complete trajectory records; record a run whose "
+                "trajectories finish (complete: true)"
+            )
+        self._prompts = list(prompts.values())
+        self._launch = group_launch
+        self.skipped = skipped
+        self.wraps = 0
+        self._seen = 0
+        if skipped:
+            log.info("replay: %d incomplete records skipped (their lengths are censored)", skipped)
+
+    @property
+    def prompts(self) -> int:
+        return len(self._prompts)
+
+    def spec(self, prompt: int, attempt: int, member: int) -> TrajectorySpec:
+        n = len(self._prompts)
+        if prompt >= self._seen:
+            self._seen = prompt + 1
+            if prompt and prompt % n == 0:
+                self.wraps += 1
+                log.info("replay: trace prompts used up; starting again (wrap %d)", self.wraps)
+        specs = self._prompts[prompt % n]
+        return specs[(attempt * self._launch + member) % len(specs)]
+
+
+def trace_means(records: list[TrajectoryRecord]) -> tuple[float, float, float]:
+    """Per attempt over the complete records: mean tokens, mean tool seconds, failure rate."""
+    done = [r for r in records if r.complete]
+    if not done:
+        raise ConfigError("replay: the trace holds no complete trajectory records")
+    n = len(done)
+    tokens = sum(r.tokens for r in done) / n
+    tools = sum(sum(r.tool_latencies) for r in done) / n
+    failed = sum(r.failed for r in done) / n
+    return tokens, tools, failed
+
+
+def _hashable(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, list | dict) else value

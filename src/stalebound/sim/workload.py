@@ -1,0 +1,176 @@
+"""Workload models: what each trajectory costs to generate.
+
+A :class:`TrajectorySpec` is one trajectory's cost: the tokens of each decode segment (one per turn),
+the tool latency after each segment but the last, and whether it fails at the end of its last
+segment. A :class:`TrajectorySource` hands out specs by (prompt, attempt, member):
+
+* :class:`SampledSource` draws them from the workload's distributions. Common random numbers: the
+  first attempt of prompt k always gets the same N′ members, whatever the policy, because they are
+  drawn from one stream in prompt order; relaunches and retries draw from a second stream.
+* :class:`stalebound.sim.trace.ReplaySource` reads them from a recorded trace.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple, Protocol
+
+from stalebound.core.errors import ConfigError
+from stalebound.sim.config import DistributionConfig, WorkloadConfig
+
+__all__ = [
+    "SampledSource",
+    "Sampler",
+    "TrajectorySource",
+    "TrajectorySpec",
+    "distribution_mean",
+    "make_sampler",
+]
+
+Z99 = 2.3263478740408408  # the standard normal's 99th percentile
+
+Sampler = Callable[[random.Random], float]
+
+
+class TrajectorySpec(NamedTuple):
+    """One trajectory: decode ``segments`` (tokens) with ``tools[i]`` seconds after segment i.
+
+    (A named tuple: the simulator makes one per trajectory, and tuples are the cheapest.)"""
+
+    segments: tuple[int, ...]
+    tools: tuple[float, ...] = ()
+    failed: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.segments)
+
+
+class TrajectorySource(Protocol):
+    """Hands out trajectory specs; deterministic for a given call sequence."""
+
+    def spec(self, prompt: int, attempt: int, member: int) -> TrajectorySpec: ...
+
+
+def _lognormal_params(d: DistributionConfig) -> tuple[float, float]:
+    mu = math.log(d.median)
+    return mu, (math.log(d.p99) - mu) / Z99
+
+
+def _read_values(d: DistributionConfig, base_dir: str) -> list[float]:
+    path = Path(base_dir) / str(d.file)
+    values: list[float] = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(
+            f"file={d.file!r}: cannot read {path} ({exc.strerror}); give a file of values"
+        ) from None
+    for number, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            x = float(text)
+        except ValueError:
+            raise ConfigError(
+                f"file={d.file!r} line {number}={text!r}: not a number; one value per line"
+            ) from None
+        if not x > 0:
+            raise ConfigError(f"file={d.file!r} line {number}={x!r}: values must be > 0")
+        values.append(x)
+    if not values:
+        raise ConfigError(f"file={d.file!r}: holds no values; one positive number per line")
+    return values
+
+
+def make_sampler(d: DistributionConfig, base_dir: str = ".") -> Sampler:
+    """A function drawing one value of the distribution (capped) from a ``random.Random``."""
+    cap = math.inf if d.cap is None else d.cap
+    if d.distribution == "lognormal":
+        mu, sigma = _lognormal_params(d)
+        exp = math.exp  # gauss() is the stdlib's fastest normal draw
+        return lambda rng: min(cap, exp(rng.gauss(mu, sigma)))
+    if d.distribution == "pareto":
+        scale, alpha = d.minimum, d.alpha
+        return lambda rng: min(cap, scale * rng.paretovariate(alpha))
+    if d.distribution == "fixed":
+        value = min(cap, d.value)
+        return lambda rng: value
+    values = [min(cap, x) for x in _read_values(d, base_dir)]
+    n = len(values)
+    return lambda rng: values[int(rng.random() * n)]
+
+
+def _phi(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def distribution_mean(d: DistributionConfig, base_dir: str = ".") -> float:
+    """The exact mean of the capped distribution (``inf`` for an uncapped Pareto with α ≤ 1)."""
+    cap = math.inf if d.cap is None else d.cap
+    if d.distribution == "lognormal":
+        mu, sigma = _lognormal_params(d)
+        full = math.exp(mu + sigma * sigma / 2)
+        if math.isinf(cap):
+            return full
+        lc = math.log(cap)
+        return full * _phi((lc - mu - sigma * sigma) / sigma) + cap * (1 - _phi((lc - mu) / sigma))
+    if d.distribution == "pareto":
+        m, a = d.minimum, d.alpha
+        if cap <= m:
+            return cap
+        if math.isinf(cap):
+            return math.inf if a <= 1 else a * m / (a - 1)
+        if a == 1:
+            return m + m * math.log(cap / m)
+        return float(m + m**a * (cap ** (1 - a) - m ** (1 - a)) / (1 - a))
+    if d.distribution == "fixed":
+        return min(cap, d.value)
+    values = [min(cap, x) for x in _read_values(d, base_dir)]
+    return sum(values) / len(values)
+
+
+def split_turns(tokens: int, turns: int) -> list[int]:
+    """``tokens`` split over at most ``turns`` segments as evenly as possible (each ≥ 1 token)."""
+    turns = max(1, min(turns, tokens))
+    q, r = divmod(tokens, turns)
+    return [q + 1 if i < r else q for i in range(turns)]
+
+
+class SampledSource:
+    """Specs drawn from a workload's distributions, seeded (see the module docstring)."""
+
+    def __init__(self, cfg: WorkloadConfig, seed: int, group_launch: int) -> None:
+        self._length = make_sampler(cfg.lengths, cfg.base_dir)
+        self._tool = make_sampler(cfg.agent.tool_latency, cfg.base_dir)
+        self._turns = cfg.agent.turns
+        self._fail_rate = cfg.failures.rate
+        self._launch = group_launch
+        self._first = random.Random(seed)
+        self._extra = random.Random(seed * 7919 + 1)
+        self._next_prompt = 0
+        self._plain = self._fail_rate == 0 and self._turns == 1
+
+    def spec(self, prompt: int, attempt: int, member: int) -> TrajectorySpec:
+        first_draw = attempt == 0 and member < self._launch and prompt >= self._next_prompt
+        rng = self._first if first_draw else self._extra
+        if first_draw and member == self._launch - 1:
+            self._next_prompt = prompt + 1
+        tokens = round(self._length(rng))
+        if self._plain:  # no failures, one turn: the common case, kept short
+            return TrajectorySpec((tokens if tokens > 1 else 1,), (), False)
+        return self._draw(rng, max(1, tokens))
+
+    def _draw(self, rng: random.Random, tokens: int) -> TrajectorySpec:
+        failed = self._fail_rate > 0 and rng.random() < self._fail_rate
+        if failed:
+            tokens = max(1, math.ceil(tokens * rng.random()))
+        if self._turns == 1:
+            return TrajectorySpec((tokens,), (), failed)
+        segments = split_turns(tokens, self._turns)
+        tools = tuple(self._tool(rng) for _ in range(len(segments) - 1))
+        return TrajectorySpec(tuple(segments), tools, failed)

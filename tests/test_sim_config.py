@@ -1,0 +1,105 @@
+"""Workload YAML: presets load, and bad files fail with every problem named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stalebound.core import ConfigError
+from stalebound.sim.config import list_presets, load_preset, load_workload, workload_from_dict
+from stalebound.sim.simulator import compute_bound
+from stalebound.sim.workload import distribution_mean
+
+
+def test_reference_preset_matches_the_documented_cluster() -> None:
+    cfg = load_preset("reference")
+    assert (cfg.lengths.distribution, cfg.lengths.median, cfg.lengths.p99) == (
+        "lognormal",
+        2000,
+        20000,
+    )
+    assert cfg.lengths.cap == 32768
+    assert (cfg.engine.replicas, cfg.engine.max_concurrency) == (16, 128)
+    assert (cfg.engine.step_base, cfg.engine.step_per_seq) == (0.020, 0.0001)
+    assert (cfg.batch.groups, cfg.batch.group_size, cfg.trainer.step_time) == (32, 8, 15.0)
+    assert {"reference", "agentic", "small"} <= set(list_presets())
+
+
+def test_reference_bound_is_the_training_limit() -> None:
+    b = compute_bound(load_preset("reference"))
+    assert b.training == pytest.approx(256 / 15)
+    # 2048 slots at 32.8 ms a step, over the capped lognormal mean (about 3,240 tokens)
+    assert b.mean_length == pytest.approx(3240, rel=0.01)
+    assert b.generation == pytest.approx(2048 / (b.mean_length * 0.0328))
+    assert b.value == b.training
+
+
+def test_unknown_keys_and_bad_values_are_all_reported(tmp_path: Path) -> None:
+    f = tmp_path / "w.yaml"
+    f.write_text(
+        "engine:\n  replicas: 0\n  step_bse: 0.1\nlengths:\n  median: 100\n  p99: 50\n"
+        "batch:\n  groups: two\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_workload(f)
+    assert info.value.problems == (
+        "engine.step_bse=0.1: unknown key; known keys here are max_concurrency, replicas, "
+        "step_base, step_per_seq, sync_delay",
+        "batch.groups='two': must be an integer; write a whole number like 8",
+        "lengths.p99=50.0: must be > median=100.0; raise p99",
+        "engine.replicas=0: must be ≥ 1; set the replica count",
+    )
+
+
+def test_null_is_accepted_only_where_documented() -> None:
+    cfg = workload_from_dict({"lengths": {"cap": None}, "failures": {"max_relaunches": None}})
+    assert cfg.lengths.cap is None and cfg.failures.max_relaunches is None
+    with pytest.raises(ConfigError, match=r"trainer\.step_time=None: a value is required"):
+        workload_from_dict({"trainer": {"step_time": None}})
+
+
+def test_bad_distribution_and_missing_files_name_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"lengths\.distribution='gamma': use one of"):
+        workload_from_dict({"lengths": {"distribution": "gamma"}})
+    with pytest.raises(ConfigError, match=r"lengths\.file='nope.txt': no such file"):
+        workload_from_dict({"lengths": {"distribution": "empirical", "file": "nope.txt"}})
+    with pytest.raises(ConfigError, match="preset='huge': no such preset"):
+        load_preset("huge")
+    with pytest.raises(ConfigError, match="cannot read it"):
+        load_workload(tmp_path / "missing.yaml")
+
+
+def test_empirical_lengths_load_relative_to_the_workload_file(tmp_path: Path) -> None:
+    (tmp_path / "lengths.txt").write_text("# tokens\n100\n300\n")
+    f = tmp_path / "w.yaml"
+    f.write_text("lengths:\n  distribution: empirical\n  file: lengths.txt\n")
+    cfg = load_workload(f)
+    assert distribution_mean(cfg.lengths, cfg.base_dir) == 200
+
+
+def test_lognormal_lengths_have_the_configured_median_and_p99() -> None:
+    import random
+
+    from stalebound.sim.workload import make_sampler
+
+    cfg = workload_from_dict({"lengths": {"median": 2000, "p99": 20000}})
+    draw = make_sampler(cfg.lengths)
+    rng = random.Random(0)
+    xs = sorted(draw(rng) for _ in range(40_000))
+    assert xs[20_000] == pytest.approx(2000, rel=0.03)
+    assert xs[39_600] == pytest.approx(20000, rel=0.08)
+
+
+def test_pareto_mean_matches_its_samples() -> None:
+    import random
+
+    from stalebound.sim.workload import make_sampler
+
+    d = workload_from_dict(
+        {"lengths": {"distribution": "pareto", "minimum": 100, "alpha": 1.5, "cap": 5000}}
+    ).lengths
+    rng = random.Random(1)
+    draw = make_sampler(d)
+    sample = sum(draw(rng) for _ in range(40_000)) / 40_000
+    assert sample == pytest.approx(distribution_mean(d), rel=0.03)

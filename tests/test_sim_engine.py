@@ -1,0 +1,56 @@
+"""The event queue and the batched replica model."""
+
+from __future__ import annotations
+
+import pytest
+
+from stalebound.core import InvariantError
+from stalebound.sim.engine import EventQueue, Replica
+
+
+def test_events_pop_in_time_then_schedule_order() -> None:
+    q = EventQueue()
+    q.schedule(2.0, 0, "late")
+    q.schedule(1.0, 0, "first")
+    q.schedule(1.0, 0, "second")  # same time: scheduled later, runs later
+    order = []
+    while (event := q.pop()) is not None:
+        order.append((event[0], event[3]))
+    assert order == [(1.0, "first"), (1.0, "second"), (2.0, "late")]
+    assert q.now == 2.0
+
+
+def test_scheduling_into_the_past_is_refused() -> None:
+    q = EventQueue()
+    q.schedule(5.0, 0)
+    q.pop()
+    with pytest.raises(InvariantError, match="before the clock"):
+        q.schedule(4.0, 0)
+
+
+def test_replica_finish_times_follow_the_step_time_model() -> None:
+    # step = 0.01 + 0.001 × active: two sequences of 10 and 20 tokens start together.
+    r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.001)
+    r.advance(0.0)
+    r.join("short", 10)
+    r.join("long", 20)
+    t1 = r.next_finish(0.0)
+    assert t1 == pytest.approx(10 * 0.012)
+    r.advance(t1)
+    assert [s.owner for s in r.pop_finished()] == ["short"]
+    t2 = r.next_finish(t1)  # 10 tokens left, now alone: 0.011 s a step
+    assert t2 == pytest.approx(0.12 + 10 * 0.011)
+    r.advance(t2)
+    assert [s.owner for s in r.pop_finished()] == ["long"]
+    assert r.tokens == pytest.approx(30)
+    assert r.next_finish(t2) is None
+
+
+def test_cancel_returns_the_tokens_decoded_so_far() -> None:
+    r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.0)
+    r.advance(0.0)
+    s = r.join("x", 100)
+    r.advance(0.25)  # 25 steps
+    assert r.cancel(s) == pytest.approx(25)
+    assert r.active == 0
+    assert r.next_finish(0.25) is None

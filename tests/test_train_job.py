@@ -1,0 +1,63 @@
+"""The main job end to end on the embedded default: it learns, and the bound holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stalebound.cli import main
+from stalebound.config import load_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("run") / "r"
+    code = main(
+        [
+            "train",
+            "run.steps=30",
+            f"run.run_dir={run_dir}",
+            "run.live=false",
+            "run.eval_prompts=60",
+            "--max-head-offpolicyness",
+            "2",
+            f"engine.cache_dir={tmp_path_factory.mktemp('models')}",
+        ]
+    )
+    assert code == 0
+    return run_dir
+
+
+def test_reward_rises_and_no_trained_trajectory_is_staler_than_eta(run: Path) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["staleness"] == 2 and summary["policy"] == "buffer"
+    assert summary["violations"] == 0
+    assert summary["max_staleness"] <= 2
+    assert summary["reward_last"] > summary["reward_first"] + 0.1, summary
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 31))
+    assert all(r["staleness_max"] <= 2 for r in records)
+    assert all(r["traj_staleness_max"] <= 2 for r in records)
+
+
+def test_run_directory_holds_config_metrics_tensorboard_plots_and_checkpoint(run: Path) -> None:
+    assert load_config([run / "config.yaml"]).rollout.max_head_offpolicyness == 2
+    for name in ("metrics.jsonl", "staleness.jsonl", "buffers.jsonl", "summary.json"):
+        assert (run / name).stat().st_size > 0, name
+    assert list(run.glob("**/events.out.tfevents.*"))
+    for png in ("reward_vs_time.png", "reward_vs_step.png", "staleness_hist.png", "buffer_timeline.png"):
+        assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    ckpt = run / "checkpoint"
+    assert (ckpt / "config.json").is_file() and (ckpt / "trainer_state.pt").is_file()
+    assert not (run / "checkpoint.tmp").exists()
+
+
+def test_bad_settings_fail_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "rollout.max_head_offpolicyness=-1", "train.lr=0"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.max_head_offpolicyness=-1: must be an integer ≥ 0" in err
+    assert "train.lr=0.0: must be > 0" in err
