@@ -67,7 +67,12 @@ def close_stats(a: Any, b: Any) -> None:
     "overrides",
     [
         {},
-        {"rejection": "token", "rejection_low": 0.8, "rejection_high": 1.25, "mask_truncated": True},
+        {
+            "rejection": "token",
+            "rejection_low": 0.8,
+            "rejection_high": 1.25,
+            "mask_truncated": True,
+        },
         {"loss_agg": "seq-mean-token-mean", "prox_mode": "loglinear", "grad_clip": 0.05},
     ],
     ids=["default", "token-rejection", "seq-mean-loglinear-clip"],
@@ -79,12 +84,8 @@ def test_two_ranks_match_the_local_trainer(
 
     config = TrainConfig(lr=1e-2, num_threads=1, **overrides)
     local = Trainer(load_model(model_dir), None, config, pad_token_id=PAD)
-    batches = [
-        make_batch(local.model, groups=4, size=3, seed=s, shift=0.3) for s in range(2)
-    ]
-    group = RayTrainerGroup(
-        str(model_dir), config, world_size=2, pad_token_id=PAD, num_cpus=0.25
-    )
+    batches = [make_batch(local.model, groups=4, size=3, seed=s, shift=0.3) for s in range(2)]
+    group = RayTrainerGroup(str(model_dir), config, world_size=2, pad_token_id=PAD, num_cpus=0.25)
     published: list[tuple[Any, int]] = []
     group.publish(lambda weights, version: published.append((weights, version)))
     try:

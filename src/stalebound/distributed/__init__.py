@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from stalebound.distributed.trainer import (
         RayTrainerGroup,
         TrainerRankError,
+        make_ray_trainer,
         merge_step_stats,
         split_groups,
     )
@@ -40,6 +41,7 @@ __all__ = [
     "import_ray",
     "init_ray",
     "make_ray_engine",
+    "make_ray_trainer",
     "merge_step_stats",
     "split_groups",
 ]
@@ -56,6 +58,7 @@ _LAZY = {
     "make_ray_engine": "engine",
     "RayTrainerGroup": "trainer",
     "TrainerRankError": "trainer",
+    "make_ray_trainer": "trainer",
     "merge_step_stats": "trainer",
     "split_groups": "trainer",
 }

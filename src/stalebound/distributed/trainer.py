@@ -48,11 +48,18 @@ from stalebound.distributed.cluster import import_ray
 from stalebound.distributed.engine import PublishedWeights
 
 if TYPE_CHECKING:
+    from stalebound.config import StaleboundConfig
     from stalebound.tasks.base import Trajectory
     from stalebound.train.config import TrainConfig
     from stalebound.train.trainer import StepStats
 
-__all__ = ["RayTrainerGroup", "TrainerRankError", "merge_step_stats", "split_groups"]
+__all__ = [
+    "RayTrainerGroup",
+    "TrainerRankError",
+    "make_ray_trainer",
+    "merge_step_stats",
+    "split_groups",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -256,6 +263,9 @@ class _TrainerRank:
     def state_dict(self) -> Any:
         return self.trainer.state_dict_for_engines()
 
+    def optimizer_state(self) -> Any:
+        return self.trainer.optimizer.state_dict()
+
     def version(self) -> int:
         return self.trainer.version
 
@@ -365,6 +375,12 @@ class RayTrainerGroup:
             hook(self._weights, self._version)
         return merged
 
+    @property
+    def optimizer(self) -> _RankOptimizer:
+        """Rank 0's optimizer, for checkpoints (``optimizer.state_dict()``; every rank's is the
+        same)."""
+        return _RankOptimizer(self)
+
     def _check_open(self) -> None:
         if self._closed is not None:
             raise TrainerRankError(-1, f"the group is stopped ({self._closed})")
@@ -404,6 +420,43 @@ class RayTrainerGroup:
         self._closed = "closed"
         for rank in self.ranks:
             ray.kill(rank)
+
+
+class _RankOptimizer:
+    """What a checkpoint needs of the ranks' optimizer: its state, fetched from rank 0."""
+
+    def __init__(self, group: RayTrainerGroup) -> None:
+        self._group = group
+
+    def state_dict(self) -> dict[str, Any]:
+        self._group._check_open()
+        state: dict[str, Any] = self._group._gather(
+            [self._group.ranks[0].optimizer_state.remote()]
+        )[0]
+        return state
+
+
+def make_ray_trainer(
+    config: StaleboundConfig,
+    model_path: str | os.PathLike[str],
+    *,
+    pad_token_id: int | None = None,
+    version: int = 0,
+) -> RayTrainerGroup:
+    """``config.ray.train_data_parallel_size`` trainer ranks on the checkpoint at ``model_path``
+    with the ``train`` settings, after connecting to Ray per ``config.ray``."""
+    from stalebound.distributed.cluster import init_ray
+
+    init_ray(config.ray)
+    return RayTrainerGroup(
+        str(model_path),
+        config.train,
+        world_size=config.ray.train_data_parallel_size,
+        pad_token_id=pad_token_id,
+        version=version,
+        num_cpus=config.ray.trainer_num_cpus,
+        rank_timeout_s=config.ray.rank_timeout_s,
+    )
 
 
 def _first_line(exc: BaseException) -> str:
