@@ -18,6 +18,11 @@ walkthrough: setup
 test: setup
 	$(PY) -m pytest -q -m "not ray and not vllm"
 
+## The Ray backend's tests, on a private Ray instance bound to 127.0.0.1 (a few minutes).
+test-ray:
+	@bash scripts/bootstrap.sh dev,torch,obs,ray
+	$(PY) -m pytest -q -m ray tests/ray
+
 lint: setup
 	$(PY) -m ruff check src tests bench
 	$(PY) -m ruff format --check src tests bench
