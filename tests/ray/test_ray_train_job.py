@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("ray")
 
 from stalebound.cli import main  # noqa: E402
+from stalebound.config import load_config  # noqa: E402
 
 
 def test_two_engine_actors_and_two_ranks_learn_within_the_bound(
@@ -46,5 +47,6 @@ def test_two_engine_actors_and_two_ranks_learn_within_the_bound(
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 31))
     assert all(r["traj_staleness_max"] <= 2 for r in records)
-    assert all(r["num_groups"] == 8 for r in records)  # the whole batch, across both ranks
+    batch = load_config([run / "config.yaml"]).rollout.consumer_batch_size
+    assert all(r["num_groups"] == batch for r in records)  # the whole batch, across both ranks
     assert (run / "checkpoint" / "trainer_state.pt").is_file()

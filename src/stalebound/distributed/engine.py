@@ -178,7 +178,8 @@ class RayEngine:
         self._version = version
         self._dead: str | None = None
         self.lost_requests = 0
-        """Requests that were running here when the actor died."""
+        """Requests that failed here because the actor died (running, or sent before the death
+        was known)."""
 
     @property
     def alive(self) -> bool:
@@ -286,7 +287,8 @@ class RayRouterStatistics:
 
     alive: tuple[bool, ...]
     lost_requests: tuple[int, ...]
-    """Requests that were running on each replica when it died (each failed its caller)."""
+    """Requests that failed on each replica because its actor died (each raised
+    :class:`ReplicaLostError` to its caller)."""
     weight_updates: int
     publish_s: tuple[float, ...]
     """Wall time of each recent publication: ``ray.put`` plus every replica's acknowledgement."""
