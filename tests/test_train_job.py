@@ -49,7 +49,12 @@ def test_run_directory_holds_config_metrics_tensorboard_plots_and_checkpoint(run
     for name in ("metrics.jsonl", "staleness.jsonl", "buffers.jsonl", "summary.json"):
         assert (run / name).stat().st_size > 0, name
     assert list(run.glob("**/events.out.tfevents.*"))
-    for png in ("reward_vs_time.png", "reward_vs_step.png", "staleness_hist.png", "buffer_timeline.png"):
+    for png in (
+        "reward_vs_time.png",
+        "reward_vs_step.png",
+        "staleness_hist.png",
+        "buffer_timeline.png",
+    ):
         assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     ckpt = run / "checkpoint"
     assert (ckpt / "config.json").is_file() and (ckpt / "trainer_state.pt").is_file()

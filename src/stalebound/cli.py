@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     from stalebound.obs.cli import register as register_plot
 
     register_plot(sub)
+    from stalebound.engines import vllm_server
+
+    vllm_server.register(sub)
     from stalebound.sim import cli as sim_cli
 
     sim_cli.register(sub)
@@ -34,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train(argv: Sequence[str]) -> int:
-    from stalebound.config import load_config, parse_cli_overrides
+    from stalebound.config import TRAIN_RECIPE, load_config, parse_cli_overrides
     from stalebound.core.errors import ConfigError
 
     if any(a in ("-h", "--help") for a in argv):
@@ -42,7 +45,7 @@ def _train(argv: Sequence[str]) -> int:
         return 0
     try:
         paths, overrides = parse_cli_overrides(argv)
-        cfg = load_config(paths, overrides)
+        cfg = load_config([TRAIN_RECIPE, *paths], overrides)
     except ConfigError as e:
         print(f"stalebound train: {e}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ from stalebound.typedconfig import Invalid, bounds, null_means
 
 __all__ = [
     "ALIASES",
+    "TRAIN_RECIPE",
     "EngineConfig",
     "FilterGroupsConfig",
     "GroupPostProcessConfig",
@@ -54,6 +55,10 @@ class ProactiveFilterConfig:
         default=None, metadata=bounds(ge=0, fix="give seconds, or null to act at once")
     )
     """Act only once the buffer has been STUCK this long (seconds); ``None`` acts at once."""
+    max_retries: int = field(
+        default=2, metadata=bounds(ge=0, fix="e.g. 2 (the default); 0 never retries a prompt")
+    )
+    """``retry`` only: how often one prompt may be retried; a group past it is waited for."""
 
 
 @dataclass
@@ -88,7 +93,7 @@ class RolloutConfig:
     """η, the staleness bound: a trajectory generated at version V is trained at V + η at the latest.
     0 is synchronous training. Aliases: ``psrl.staleness``, ``--max-head-offpolicyness``."""
     consumer_batch_size: int = field(
-        default=32, metadata=bounds(ge=1, fix="train on at least one group per step")
+        default=8, metadata=bounds(ge=1, fix="train on at least one group per step")
     )
     """B, groups per training step."""
     max_concurrent_rollouts: int | None = field(
@@ -97,7 +102,7 @@ class RolloutConfig:
     )
     """The most groups generating at once; ``None`` means ``(η + 1)·B′``, all the window allows."""
     group_size: int = field(
-        default=8, metadata=bounds(ge=1, fix="use 1 for no grouping, more for GRPO-style groups")
+        default=4, metadata=bounds(ge=1, fix="use 1 for no grouping, more for GRPO-style groups")
     )
     """N, trajectories per group (GRPO's group). Alias: ``psrl.rollout_n``."""
     buffer_size: int | None = field(
@@ -129,6 +134,16 @@ class RolloutConfig:
         default=256, metadata=bounds(ge=1, fix="e.g. 256 (the default)")
     )
     """The data loader stops with an error after this many consecutive groups are filtered."""
+    watchdog_timeout_s: float | None = field(
+        default=300.0, metadata=bounds(gt=0, fix="give seconds, e.g. 300, or null to disable")
+    )
+    """Log groups whose generation has produced nothing for this long (ids, versions, engine
+    requests); ``None`` disables the watchdog."""
+    progress_log_s: float | None = field(
+        default=60.0, metadata=bounds(gt=0, fix="give seconds, e.g. 60, or null to disable")
+    )
+    """While groups are running, log one line per buffer (occupied / reserved / empty, state) at
+    most this often; ``None`` disables it."""
 
     def _validate(self) -> Iterator[Invalid]:
         b = self.consumer_batch_size
@@ -375,6 +390,10 @@ def load_config(
     if problems:
         raise ConfigError(problems)
     return config
+
+
+TRAIN_RECIPE = Path(__file__).parent / "configs" / "train.yaml"
+"""The main job's recipe: the base layer of ``stalebound train`` and ``stalebound bench``."""
 
 
 def parse_cli_overrides(

@@ -827,7 +827,16 @@ def parse_argv(argv: Sequence[str], schema: Schema) -> tuple[list[str], list[str
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """The attribute docstrings of a dataclass (the string literal right after each field)."""
+    """The attribute docstrings of a dataclass (the string literal right after each field),
+    inherited ones included (a subclass's own docstring for a field wins)."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if base is not object and dataclasses.is_dataclass(base):
+            docs.update(_own_field_docs(base))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):

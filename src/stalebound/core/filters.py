@@ -19,15 +19,18 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stalebound.core.buffer import BufferState, StalenessBuffer
+from stalebound.core.buffer import BufferState, EntryState, StalenessBuffer
 from stalebound.core.errors import ConfigError
 
 __all__ = [
     "METRICS",
     "GroupPostProcess",
     "PostProcessDecision",
+    "StragglerClock",
     "StuckTimer",
+    "buffer_progress",
     "dynamic_sampling_filter",
+    "eligible_targets",
     "get_group_post_process",
     "group_post_processes",
     "member_metric",
@@ -133,8 +136,9 @@ class StuckTimer:
     def observe(self, buf: StalenessBuffer, now: float) -> float:
         """Record the head buffer's state at ``now``; returns how long it has been STUCK (0 if not)."""
         v = buf.version
-        for bv in [b for b in self._since if b < v]:  # consumed since: close their intervals
-            self.total_stuck_s[bv] = self.total_stuck_s.get(bv, 0.0) + now - self._since.pop(bv)
+        if self._since:  # (called on every event: skip the scan when nothing is open)
+            for bv in [b for b in self._since if b < v]:  # consumed since: close them
+                self.total_stuck_s[bv] = self.total_stuck_s.get(bv, 0.0) + now - self._since.pop(bv)
         if buf.state(v) is BufferState.STUCK:
             since = self._since.setdefault(v, now)
             return now - since
@@ -142,9 +146,55 @@ class StuckTimer:
             self.total_stuck_s[v] = self.total_stuck_s.get(v, 0.0) + now - self._since.pop(v)
         return 0.0
 
+    def open_intervals(self) -> Mapping[int, float]:
+        """Buffers STUCK right now (as last observed), each with the time it became STUCK."""
+        return dict(self._since)
+
     def stuck_seconds(self, now: float) -> float:
         """Total STUCK time so far, the open interval included."""
         return sum(self.total_stuck_s.values()) + sum(now - t for t in self._since.values())
+
+
+class StragglerClock:
+    """Which RESERVED groups are stragglers: overtaken by a group that landed in their buffer.
+
+    A group is *overtaken* once some group has landed (was occupied, or pulled forward) in the
+    buffer it is reserved in after it was reserved. Acting at once on a STUCK buffer (no
+    ``stuck_timeout_s``) targets only overtaken groups: a group that has only just been reserved
+    — a retried prompt that lands in the head buffer again, say — has had no chance to finish,
+    and retrying or truncating it at once would loop. Counts events, not time, so it stays pure.
+    """
+
+    def __init__(self) -> None:
+        self._tick = 0
+        self._reserved: dict[Hashable, int] = {}
+        self._landed: dict[int, int] = {}
+
+    def _next(self) -> int:
+        self._tick += 1
+        return self._tick
+
+    def reserved(self, group_id: Hashable) -> None:
+        self._reserved[group_id] = self._next()
+
+    def landed(self, buffer_version: int) -> None:
+        self._landed[buffer_version] = self._next()
+
+    def forget(self, group_id: Hashable) -> None:
+        """The group left its entry (occupied, aborted, filtered)."""
+        self._reserved.pop(group_id, None)
+
+    def consumed(self, new_version: int) -> None:
+        """Buffers before ``new_version`` are gone."""
+        for b in [b for b in self._landed if b < new_version]:
+            del self._landed[b]
+
+    def overtaken(self, targets: Sequence[Hashable], buffer_version: int) -> tuple[Hashable, ...]:
+        """The ``targets`` reserved before the latest landing in ``buffer_version``."""
+        last = self._landed.get(buffer_version)
+        if last is None:
+            return ()
+        return tuple(g for g in targets if self._reserved.get(g, last) < last)
 
 
 def proactive_filter_targets(
@@ -166,3 +216,29 @@ def proactive_filter_targets(
         return ()
     reserved = buf.reserved_groups(v)
     return reserved if len(reserved) <= threshold else ()
+
+
+def eligible_targets(
+    targets: Sequence[Hashable], attempts: Mapping[Hashable, int], limit: int
+) -> tuple[Hashable, ...]:
+    """The targets acted on fewer than ``limit`` times so far (``attempts``, missing = 0).
+
+    ``retry`` passes how often each group's prompt was already retried and
+    ``proactive_filter.max_retries``: a fresh retry that lands in the head buffer again is then not
+    retried at once, so retrying can never loop. ``truncate`` passes 1 and the groups already being
+    truncated, so each is truncated once.
+    """
+    return tuple(g for g in targets if attempts.get(g, 0) < limit)
+
+
+def buffer_progress(buf: StalenessBuffer) -> str:
+    """One line per window: each buffer's occupied / reserved / empty entries and state."""
+    v = buf.version
+    parts = []
+    for b in range(v, v + buf.staleness + 1):
+        e = buf.entries(b)
+        parts.append(
+            f"b{b} {buf.state(b).name} occ {e[EntryState.OCCUPIED]} "
+            f"res {e[EntryState.RESERVED]} emp {e[EntryState.EMPTY]}"
+        )
+    return f"version {v}: " + " | ".join(parts)

@@ -28,9 +28,27 @@ The dispatcher is a task that sleeps on an :class:`asyncio.Event` and is woken b
 open capacity: a submission, a completion or failure, a consumed batch, ``set_version``,
 ``resume``. It never polls.
 
-Cancellation (surplus members, timeouts, ``destroy``) is delivered as :class:`asyncio.CancelledError`
-at the workflow's pending ``await``; stalebound's engines abort the request on the engine when
-their ``agenerate`` is cancelled. Workflows that hold other resources must release them on
+Filters (``docs/filters.md``). A completed group first passes ``should_accept_fn`` and the
+configured group post-processor (``rollout.group_post_process``, e.g. the dynamic sampling
+filter); a dropped group's entry returns to EMPTY and the dispatcher draws another prompt. After
+``rollout.max_consecutive_filtered`` drops in a row the executor stops with an error that names the
+filter and the fix. With the buffer policy, the proactive filter
+(``rollout.proactive_filter``) watches the head buffer whenever it may have changed (a
+completion, an abort, a consume, a reservation) and, with ``stuck_timeout_s``, on one timer at the
+deadline: ``retry`` aborts its last reservations, pulls finished groups forward from later
+buffers and queues the prompts again first in line; ``truncate`` aborts their engine requests so
+the workflows return partial outputs (``Trajectory.truncated``). A watchdog logs groups silent for
+``rollout.watchdog_timeout_s``, and a progress line per buffer is logged every
+``rollout.progress_log_s`` while work is in flight.
+
+Engine requests. When the engine has ``abort(request_id)``, each member's workflow gets a thin
+proxy of it that forwards every call and remembers the ``request_id`` of each ``agenerate`` request
+in flight (a workflow that checks the engine's type sees the proxy). Members cancelled on purpose
+(surplus of N′ > N or of B′ > B, retried, abandoned, timed out) have those requests aborted with
+``await engine.abort(request_id)`` first — the partial outputs it returns are counted as wasted
+tokens — and their tasks are then cancelled; engines without ``abort``, requests without ids and
+``destroy`` fall back to cancelling the task, delivered as :class:`asyncio.CancelledError` at the
+workflow's pending ``await``. Workflows that hold other resources must release them on
 cancellation too.
 """
 
@@ -44,7 +62,7 @@ import itertools
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol, TypeVar, cast
@@ -52,6 +70,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar, cast
 from stalebound.config import RolloutConfig
 from stalebound.core import (
     BufferPolicy,
+    BufferState,
     CapacityPolicy,
     ConfigError,
     GroupComplete,
@@ -65,6 +84,15 @@ from stalebound.core import (
     StaleboundError,
     StalenessBuffer,
     StalenessPolicy,
+)
+from stalebound.core.filters import (
+    GroupPostProcess,
+    StragglerClock,
+    StuckTimer,
+    buffer_progress,
+    eligible_targets,
+    get_group_post_process,
+    proactive_filter_targets,
 )
 from stalebound.runtime.staleness_manager import StalenessManager
 
@@ -118,6 +146,9 @@ class Trajectory(NamedTuple):
     token_versions: tuple[int, ...] | None = None
     """Per-token policy versions as the engine reported them (``token_versions`` or AReaL's
     ``versions``, key or attribute); ``None`` when it reported none."""
+    truncated: bool = False
+    """The proactive filter (``truncate``) cut its generation short: the engine request was
+    aborted and the workflow returned the partial output. A loss may mask or keep it."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +182,33 @@ class ExecutorStatistics:
     completed_groups: int
     failed_groups: int
     filtered_groups: int
-    """Groups discarded by ``should_accept_fn``."""
+    """Groups discarded by ``should_accept_fn`` or the group post-processor."""
+    consecutive_filtered: int
+    """Groups filtered in a row; the executor stops at ``rollout.max_consecutive_filtered``."""
+    retried_groups: int
+    """Groups aborted by the proactive filter (``retry``); their prompts were dispatched again."""
+    pulled_forward_groups: int
+    """Finished groups moved into the head buffer from later buffers when retrying."""
+    truncated_groups: int
+    """Groups force-completed by the proactive filter (``truncate``)."""
+    truncated_trajectories: int
+    """Trajectories whose generation was cut short by ``truncate`` (``Trajectory.truncated``)."""
+    aborted_requests: Mapping[str, int]
+    """Engine requests aborted through ``engine.abort(request_id)``, by cause (``surplus``,
+    ``retried``, ``truncated``, ``abandoned``, ...)."""
+    aborted_tokens: Mapping[str, int]
+    """Tokens generated by aborted requests and thrown away, by cause (from the partial outputs
+    ``engine.abort`` returned; truncated tokens are kept, so not counted here)."""
+    discarded_members: Mapping[str, int]
+    """Finished trajectories thrown away with their group, by cause: ``filtered`` (the whole
+    group), ``retried`` and ``surplus`` (members that had finished before the group was aborted).
+    With ``cancelled_members`` this is the work wasted."""
+    stuck_seconds: float
+    """Total time the head buffer spent STUCK (buffer policy), the open interval included."""
+    stuck_seconds_by_buffer: Mapping[int, float]
+    """The same, per buffer version."""
+    watchdog_stalls: int
+    """Times the watchdog reported a group that produced nothing for ``rollout.watchdog_timeout_s``."""
     dropped_groups: int
     """Completed groups the policy discarded (no admissible place, or staler than η)."""
     surplus_groups: int
@@ -179,6 +236,16 @@ class _Settings:
     request_timeout: float | None
     max_failures: int
     drop_stale: bool
+    proactive: str
+    threshold: int
+    stuck_timeout: float | None
+    max_retries: int
+    post_process: GroupPostProcess | None
+    post_process_name: str
+    metric: str
+    max_filtered: int
+    watchdog: float | None
+    progress_log: float | None
 
 
 def _per_rank(name: str, value: object, dp: int, problems: list[str]) -> int:
@@ -237,6 +304,29 @@ def _resolve(config: RolloutConfig, dp: int) -> _Settings:
         problems.append(f"rollout.max_consecutive_failures={k!r}: must be an integer ≥ 1")
     n = config.group_size
     redundancy = n if config.group_redundancy is None else config.group_redundancy
+    pf = config.proactive_filter
+    if pf.method not in ("null", "retry", "truncate"):
+        problems.append(
+            f"rollout.proactive_filter.method={pf.method!r}: must be 'null', 'retry' or 'truncate'"
+        )
+    elif pf.method != "null" and config.staleness_policy != "buffer":
+        problems.append(
+            f"rollout.proactive_filter.method={pf.method!r}: acts on STUCK buffers, which only "
+            f"staleness_policy=buffer has (not {config.staleness_policy!r}); set it to null, or "
+            "use staleness_policy=buffer"
+        )
+    post: GroupPostProcess | None = None
+    if config.group_post_process.enable:
+        try:
+            post = get_group_post_process(config.group_post_process.name)
+        except ConfigError as e:
+            problems.extend(e.problems)
+    for name in ("watchdog_timeout_s", "progress_log_s"):
+        value = getattr(config, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+        ):
+            problems.append(f"rollout.{name}={value!r}: must be a number of seconds > 0, or None")
     if problems:
         raise ConfigError(problems)
     return _Settings(
@@ -251,6 +341,16 @@ def _resolve(config: RolloutConfig, dp: int) -> _Settings:
         request_timeout=None if timeout is None or timeout == float("inf") else float(timeout),
         max_failures=k,
         drop_stale=config.reject_stale_results,
+        proactive=pf.method,
+        threshold=pf.threshold,
+        stuck_timeout=pf.stuck_timeout_s,
+        max_retries=pf.max_retries,
+        post_process=post,
+        post_process_name=config.group_post_process.name,
+        metric=config.filter_groups.metric,
+        max_filtered=config.max_consecutive_filtered,
+        watchdog=config.watchdog_timeout_s,
+        progress_log=config.progress_log_s,
     )
 
 
@@ -274,27 +374,135 @@ def _token_versions(result: Any) -> tuple[int, ...] | None:
 
 
 class _Group:
-    __slots__ = ("deadlines", "gid", "item", "members")
+    __slots__ = (
+        "deadlines",
+        "gid",
+        "item",
+        "members",
+        "progress",
+        "reported",
+        "truncated",
+        "truncating",
+        "version",
+    )
 
-    def __init__(self, gid: int, item: _Item) -> None:
+    def __init__(self, gid: int, item: _Item, version: int, now: float) -> None:
         self.gid = gid
         self.item = item
+        self.version = version
         self.members: dict[int, _Member] = {}
         self.deadlines: list[int] = []  # the timeout buckets it is in
+        self.progress = now  # when it last produced something (the watchdog's clock)
+        self.reported = -1.0  # the progress time the watchdog last reported it at
+        self.truncating = False
+        self.truncated: set[int] | None = None  # member numbers cut short by truncate
 
 
 class _Member:
-    __slots__ = ("cause", "deadline", "episode", "group", "mid", "started", "task", "version")
+    __slots__ = (
+        "cause",
+        "deadline",
+        "engine",
+        "episode",
+        "group",
+        "mid",
+        "started",
+        "task",
+        "truncated",
+        "version",
+    )
 
     def __init__(self, group: _Group, mid: MemberId, version: int) -> None:
         self.group = group
         self.mid = mid
         self.version = version
         self.episode: Any = None  # what arun_episode returned (a coroutine)
+        self.engine: _MemberEngine | None = None
         self.started = False
         self.task: asyncio.Task[Any] | None = None
         self.deadline = 0  # its timeout bucket
         self.cause: str | None = None  # set when we cancel it on purpose
+        self.truncated = False  # truncate: abort its requests as they come, keep the output
+
+
+def _request_id(request: Any) -> Any:
+    """The id of an engine request (attribute or key ``request_id``), or ``None``."""
+    if isinstance(request, dict):
+        return request.get("request_id")
+    return getattr(request, "request_id", None)
+
+
+def _output_tokens(response: Any) -> int:
+    """How many tokens a (partial) engine response holds: ``len(output_ids)``, 0 if unknown."""
+    if response is None:
+        return 0
+    ids = response.get("output_ids") if isinstance(response, dict) else None
+    if ids is None:
+        ids = getattr(response, "output_ids", None)
+    try:
+        return len(ids) if ids is not None else 0
+    except TypeError:
+        return 0
+
+
+async def _call_abort(abort: Callable[[Any], Any], rid: Any) -> Any:
+    result = abort(rid)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class _MemberEngine:
+    """The inference engine as one member's workflow sees it.
+
+    Every attribute is the real engine's, except ``agenerate``, which also remembers the ids of the
+    requests in flight, so the executor can abort them on the engine (surplus, retry, truncate)
+    without workflows exposing ids, and marks the group's progress for the watchdog. A member
+    settled on purpose may send no new request.
+    """
+
+    __slots__ = ("_aborted", "_clock", "_engine", "_member", "inflight")
+
+    def __init__(
+        self, engine: Any, member: _Member, clock: Callable[[], float], aborted: Counter[str]
+    ) -> None:
+        self._engine = engine
+        self._member = member
+        self._clock = clock
+        self._aborted = aborted  # the executor's aborted_requests counter
+        self.inflight: dict[Any, None] = {}  # request ids, in issue order
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def agenerate(self, request: Any) -> Any:
+        m = self._member
+        if m.cause is not None:  # cancelled on purpose; its task is being cancelled
+            raise asyncio.CancelledError(f"member {m.mid} was settled ({m.cause})")
+        rid = _request_id(request)
+        if rid is None:
+            response = await self._engine.agenerate(request)
+        else:
+            self.inflight[rid] = None
+            try:
+                if m.truncated:
+                    response = await self._truncated(request, rid)
+                else:
+                    response = await self._engine.agenerate(request)
+            finally:
+                self.inflight.pop(rid, None)
+        m.group.progress = self._clock()
+        return response
+
+    async def _truncated(self, request: Any, rid: Any) -> Any:
+        """A request issued after its member was truncated: let the engine take it, then abort
+        it at once, so the workflow gets whatever the engine had (possibly nothing)."""
+        task = asyncio.ensure_future(self._engine.agenerate(request))
+        await asyncio.sleep(0)  # the engine registers the request
+        if not task.done():
+            await _call_abort(self._engine.abort, rid)
+            self._aborted["truncated"] += 1
+        return await task
 
 
 class _Deadlines:
@@ -347,8 +555,9 @@ class _Deadlines:
                     self.expire(m)
 
 
-_Item = tuple[Any, WorkflowProtocol, ShouldAccept | None]
-_Payload = tuple[tuple[MemberResult, tuple[int, ...] | None], ...]
+_Item = tuple[Any, WorkflowProtocol, ShouldAccept | None, int]
+"""``(data, workflow, should_accept_fn, retries)``: ``retries`` counts proactive-filter retries."""
+_Payload = tuple[tuple[MemberResult, tuple[int, ...] | None, bool], ...]
 
 
 class _Source:
@@ -381,7 +590,7 @@ class _Source:
                 )
 
     def next_item(self) -> _Item:
-        return (next(self._items), self.workflow, self.accept)
+        return (next(self._items), self.workflow, self.accept, 0)
 
 
 class WorkflowExecutor:
@@ -445,6 +654,21 @@ class WorkflowExecutor:
         self._launched = 0  # hot counters: plain ints
         self._finished = 0
         self._consecutive = 0
+        self._consecutive_filtered = 0
+        abort = getattr(inference_engine, "abort", None)
+        self._engine_abort: Callable[[Any], Any] | None = abort if callable(abort) else None
+        self._aborted_requests: Counter[str] = Counter()
+        self._aborted_tokens: Counter[str] = Counter()
+        self._discarded: Counter[str] = Counter()
+        self._background: set[asyncio.Task[Any]] = set()  # engine aborts in progress
+        self._buffer: StalenessBuffer | None = None  # the buffer policy's, for the filters
+        self._stuck = StuckTimer()
+        self._stragglers: StragglerClock | None = None  # proactive filter acting at once
+        self._checking = False
+        self._stuck_handle: asyncio.TimerHandle | None = None
+        self._stuck_due = -1.0  # when the armed STUCK timeout fires
+        self._watchdog_handle: asyncio.TimerHandle | None = None
+        self._progress_handle: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -460,10 +684,11 @@ class WorkflowExecutor:
                 "WorkflowExecutor to start again"
             )
         s = _resolve(self.config, train_data_parallel_size)
-        if self.config.proactive_filter.method != "null" or self.config.group_post_process.enable:
-            logger.warning(
-                "rollout.proactive_filter and rollout.group_post_process are not applied by "
-                "WorkflowExecutor; use should_accept_fn to filter groups"
+        if s.proactive == "truncate" and self._engine_abort is None:
+            raise ConfigError(
+                f"rollout.proactive_filter.method='truncate': the inference engine "
+                f"{type(self.inference_engine).__name__} has no abort(request_id), so running "
+                "generations cannot be cut short; use method=retry, or an engine with abort"
             )
         start = self._engine_version() if self._engine_version is not None else 0
         self._published = start
@@ -478,6 +703,9 @@ class WorkflowExecutor:
                 start_version=start,
             )
             self._policy = BufferPolicy(buffer, max_concurrent=s.max_concurrent)
+            self._buffer = buffer
+            if s.proactive != "null" and s.stuck_timeout is None:
+                self._stragglers = StragglerClock()
             self._drive_manager = self.staleness_manager is not None
         else:
             manager = self.staleness_manager
@@ -585,7 +813,7 @@ class WorkflowExecutor:
                 "get_capacity() allows, take results with wait()/prepare_batch(), or raise "
                 "rollout.queue_size"
             )
-        self._inbox.append((data, workflow, should_accept_fn))
+        self._inbox.append((data, workflow, should_accept_fn, 0))
         self._kick_threadsafe()
 
     def wait(self, count: int, timeout: float | None = None) -> list[Trajectory]:
@@ -803,6 +1031,12 @@ class WorkflowExecutor:
         """Admit queued items while the policy (and the manager) have capacity."""
         if self._paused or self._stopped is not None or self._closed:
             return
+        if self._admit():  # a reservation in the head buffer can make it STUCK
+            self._check_head()
+
+    def _admit(self) -> bool:
+        """The admission loop; whether any group was reserved in the head buffer."""
+        head = False
         policy = self._policy
         assert policy is not None
         inbox = self._inbox
@@ -815,30 +1049,38 @@ class WorkflowExecutor:
         while budget is None or budget > 0:
             if not inbox:
                 if self._source is None:
-                    return
+                    return head
                 try:
                     inbox.append(self._source.next_item())
                 except Exception as e:  # the data loader failed: the trainer hears of it
                     self._source = None
                     self._source_error = e
                     self._notify()
-                    return
+                    return head
             if budget is not None:
                 budget -= 1
             gid = next(self._ids)
             with guard:
                 admission = policy.try_admit(gid, version)
             if admission is None:
-                return
+                return head
             item = inbox.popleft()
             self._n["dispatched_groups"] += 1
+            if self._stragglers is not None:
+                self._stragglers.reserved(gid)
             self._start_group(gid, item, admission.version)
+            if admission.buffer_version == policy.version:
+                head = True
+        return head
 
     def _start_group(self, gid: int, item: _Item, version: int) -> None:
         tracker = self._tracker
         assert tracker is not None
-        group = _Group(gid, item)
+        loop = self._loop
+        assert loop is not None
+        group = _Group(gid, item, version, loop.time())
         self._groups[gid] = group
+        self._arm_timers()
         if self._drive_manager:
             assert self.staleness_manager is not None
             self.staleness_manager.on_rollout_enqueued()
@@ -863,12 +1105,20 @@ class WorkflowExecutor:
         assert loop is not None
         m = _Member(group, mid, version)
         m.deadline = deadline
+        if group.truncating:  # a relaunch of a group being truncated: cut it short too
+            m.truncated = True
+            if group.truncated is None:
+                group.truncated = set()
+            group.truncated.add(mid.number)
         group.members[mid.number] = m
         self._running_members += 1
         self._launched += 1
-        data, workflow, _ = group.item
+        data, workflow = group.item[0], group.item[1]
+        engine = self.inference_engine
+        if self._engine_abort is not None:  # only then are request ids of any use
+            engine = m.engine = _MemberEngine(engine, m, loop.time, self._aborted_requests)
         try:
-            m.episode = workflow.arun_episode(self.inference_engine, data)
+            m.episode = workflow.arun_episode(engine, data)
         except Exception as e:  # raised before its first await: fail it on the next turn
             loop.call_soon(self._early_failure, m, e)
             return
@@ -902,7 +1152,7 @@ class WorkflowExecutor:
 
     def _expire(self, m: _Member) -> None:
         m.cause = "timeout"
-        if m.task is not None:
+        if m.task is not None and not self._abort_requests(m, "timeout", cancel=True):
             m.task.cancel()
         self._member_outcome(m, None, "timeout")
 
@@ -919,6 +1169,8 @@ class WorkflowExecutor:
                 self._member_failed(m, "rejected", None)
             else:
                 self._finished += 1
+                if m.engine is None:  # no proxy marks progress: the finish does
+                    m.group.progress = self._loop.time()  # type: ignore[union-attr]
                 tracker = self._tracker
                 assert tracker is not None
                 done = tracker.finish(m.mid, result)
@@ -967,19 +1219,52 @@ class WorkflowExecutor:
                 self._settle_failed(group, "failed", f"group {group.gid}: should_accept_fn {e!r}")
                 return
             if not keep:
-                self._n["filtered_groups"] += 1
-                self._release(group.gid, "filtered")
+                self._filtered(group, len(done.members), "should_accept_fn returned False")
                 return
-        payload: _Payload = tuple((r, _token_versions(r.result)) for r in done.members)
-        segments = {v for _, tv in payload if tv is not None for v in tv if v >= 0}
+        s = self._settings
+        assert s is not None
+        if s.post_process is not None:
+            try:
+                decision = s.post_process([r.result for r in done.members], s.metric)
+            except ConfigError as e:  # a metric the trajectories lack: no group can pass
+                self._release(group.gid, "failed")
+                self._n["failed_groups"] += 1
+                self._stop(str(e))
+                return
+            except Exception as e:
+                why = f"group {group.gid}: group_post_process {s.post_process_name!r} {e!r}"
+                self._settle_failed(group, "failed", why)
+                return
+            if not decision.keep:
+                self._filtered(
+                    group, len(done.members), f"{s.post_process_name}: {decision.reason}"
+                )
+                return
+        truncated = group.truncated
+        payload: _Payload
+        if truncated is None:
+            payload = tuple((r, _token_versions(r.result), False) for r in done.members)
+        else:
+            payload = tuple(
+                (r, _token_versions(r.result), r.member.number in truncated) for r in done.members
+            )
+            self._n["truncated_trajectories"] += sum(1 for _, _, t in payload if t)
+        segments = {v for _, tv, _ in payload if tv is not None for v in tv if v >= 0}
         try:
             with self._guard:
                 kept = policy.complete(group.gid, payload, segment_versions=segments)
         except ProtocolError as e:  # the engine reported versions outside [V, v]
             self._settle_failed(group, "bad_versions", f"group {group.gid}: {e}")
             return
+        if self._stragglers is not None:
+            assert self._buffer is not None
+            self._stragglers.forget(group.gid)
+            where = self._buffer.lookup(group.gid)
+            if where is not None:
+                self._stragglers.landed(where[1])
         self._n["completed_groups"] += 1
         self._consecutive = 0
+        self._consecutive_filtered = 0
         if kept:
             if self._drive_manager:
                 assert self.staleness_manager is not None
@@ -988,6 +1273,222 @@ class WorkflowExecutor:
             self._n["dropped_groups"] += 1
         self._notify()
         self._kick()
+        self._check_head()
+
+    def _filtered(self, group: _Group, members: int, reason: str) -> None:
+        """Drop a completed group (its entry returns to EMPTY); stop after too many in a row."""
+        self._n["filtered_groups"] += 1
+        self._discarded["filtered"] += members
+        self._consecutive_filtered += 1
+        logger.debug("group %d filtered: %s", group.gid, reason)
+        self._release(group.gid, "filtered")
+        s = self._settings
+        assert s is not None
+        if self._consecutive_filtered >= s.max_filtered:
+            post = (
+                f"group_post_process {s.post_process_name!r} on filter_groups.metric={s.metric!r}"
+                if s.post_process is not None
+                else "should_accept_fn"
+            )
+            self._stop(
+                f"{self._consecutive_filtered} groups in a row were filtered out by {post} "
+                f"(rollout.max_consecutive_filtered={s.max_filtered}; the last: {reason}), so "
+                "the data would be cycled forever without a batch; check that the reward varies "
+                "within a group (a larger rollout.group_size helps), choose another metric, or "
+                "disable the filter (rollout.group_post_process.enable=false)"
+            )
+
+    # ------------------------------------------------------------------ loop thread: proactive filter
+
+    def _check_head(self, timer: bool = False) -> None:
+        """Whenever the head buffer may have changed: time its STUCK spell and, when the proactive
+        filter names targets, retry or truncate them. ``timer``: the STUCK timeout fired."""
+        buf = self._buffer
+        s = self._settings
+        loop = self._loop
+        if buf is None or s is None or loop is None or self._checking:
+            return
+        now = loop.time()
+        stuck_for = self._stuck.observe(buf, now)
+        if s.proactive == "null" or self._stopped is not None:
+            return
+        if buf.state(buf.version) is not BufferState.STUCK:
+            self._disarm_stuck()
+            return
+        timeout = s.stuck_timeout
+        if timer and timeout is not None:  # the timer may fire a clock tick early
+            stuck_for = max(stuck_for, timeout)
+        targets = proactive_filter_targets(
+            buf, s.threshold, stuck_for=stuck_for, stuck_timeout_s=timeout
+        )
+        if not targets:
+            if timeout is not None and stuck_for < timeout:
+                self._arm_stuck(now - stuck_for + timeout)
+            return
+        if self._stragglers is not None:  # acting at once: only on overtaken groups
+            targets = self._stragglers.overtaken(targets, buf.version)
+        self._disarm_stuck()
+        groups = self._groups
+        if s.proactive == "retry":
+            tries: dict[Hashable, int] = {g: groups[g].item[3] for g in targets if g in groups}
+            chosen = eligible_targets(targets, tries, s.max_retries)
+        else:
+            being: dict[Hashable, int] = {
+                g: 1 for g in targets if g in groups and groups[g].truncating
+            }
+            chosen = eligible_targets(targets, being, 1)
+        chosen = tuple(g for g in chosen if g in groups)
+        if not chosen:
+            return
+        self._checking = True
+        try:
+            if s.proactive == "retry":
+                self._retry(buf, [groups[cast(int, g)] for g in chosen], stuck_for)
+            else:
+                self._truncate([groups[cast(int, g)] for g in chosen], buf.version, stuck_for)
+        finally:
+            self._checking = False
+        self._stuck.observe(buf, loop.time())
+
+    def _retry(self, buf: StalenessBuffer, chosen: list[_Group], stuck_for: float) -> None:
+        """Abort the head buffer's last reservations, pull finished groups forward into the freed
+        entries, and queue the prompts again, first in line (new group ids, new V)."""
+        tracker = self._tracker
+        assert tracker is not None
+        items = []
+        for group in chosen:
+            self._unlist(group.gid)
+            self._discarded["retried"] += len(tracker.partial(group.gid))
+            tracker.cancel(group.gid)
+            self._cancel_members(group, "retried")
+            self._release(group.gid, "retried")
+            self._n["retried_groups"] += 1
+            data, workflow, accept, retries = group.item
+            items.append((data, workflow, accept, retries + 1))
+        with self._guard:
+            moved = buf.pull_forward()
+        self._n["pulled_forward_groups"] += len(moved)
+        if moved and self._stragglers is not None:
+            self._stragglers.landed(buf.version)
+        logger.info(
+            "proactive filter: buffer %d STUCK for %.3g s; retrying groups %s, pulled %d "
+            "finished groups forward",
+            buf.version,
+            stuck_for,
+            [g.gid for g in chosen],
+            len(moved),
+        )
+        for item in reversed(items):
+            self._inbox.appendleft(item)
+        self._notify()
+        self._kick()
+
+    def _truncate(self, chosen: list[_Group], version: int, stuck_for: float) -> None:
+        """Cut the head buffer's last groups short: abort their engine requests, so each workflow
+        returns its partial output and the group completes (members marked truncated)."""
+        for group in chosen:
+            group.truncating = True
+            self._n["truncated_groups"] += 1
+            if group.truncated is None:
+                group.truncated = set()
+            for m in group.members.values():
+                m.truncated = True
+                group.truncated.add(m.mid.number)
+                self._abort_requests(m, "truncated", cancel=False)
+        logger.info(
+            "proactive filter: buffer %d STUCK for %.3g s; truncating groups %s",
+            version,
+            stuck_for,
+            [g.gid for g in chosen],
+        )
+
+    def _arm_stuck(self, when: float) -> None:
+        if self._stuck_handle is not None and self._stuck_due == when:
+            return
+        self._disarm_stuck()
+        loop = self._loop
+        assert loop is not None
+        self._stuck_due = when
+        self._stuck_handle = loop.call_at(when, self._stuck_fired)
+
+    def _disarm_stuck(self) -> None:
+        if self._stuck_handle is not None:
+            self._stuck_handle.cancel()
+            self._stuck_handle = None
+
+    def _stuck_fired(self) -> None:
+        self._stuck_handle = None
+        try:
+            self._check_head(timer=True)
+        except Exception as e:
+            logger.exception("the proactive filter failed")
+            self._stop(f"the proactive filter failed: {e!r}")
+
+    # ------------------------------------------------------------------ loop thread: watchdog
+
+    def _arm_timers(self) -> None:
+        """Start the watchdog and progress timers when work starts; they re-arm only while
+        groups are running."""
+        s = self._settings
+        loop = self._loop
+        assert s is not None and loop is not None
+        if s.watchdog is not None and self._watchdog_handle is None:
+            self._watchdog_handle = loop.call_later(s.watchdog, self._watchdog)
+        if s.progress_log is not None and self._progress_handle is None:
+            self._progress_handle = loop.call_later(s.progress_log, self._progress)
+
+    def _watchdog(self) -> None:
+        """Log every group that has produced nothing for ``watchdog_timeout_s`` (once per stall)."""
+        self._watchdog_handle = None
+        s = self._settings
+        loop = self._loop
+        assert s is not None and s.watchdog is not None and loop is not None
+        now = loop.time()
+        limit = s.watchdog
+        wake = now + limit
+        for group in self._groups.values():
+            if group.reported == group.progress:  # reported; wait for new progress
+                continue
+            if now - group.progress >= limit:
+                group.reported = group.progress
+                self._n["watchdog_stalls"] += 1
+                requests = [
+                    rid for m in group.members.values() if m.engine for rid in m.engine.inflight
+                ]
+                logger.warning(
+                    "watchdog: group %d (V=%d, training version %d) has produced nothing for "
+                    "%.3g s; members %s running on %s, engine requests in flight %s",
+                    group.gid,
+                    group.version,
+                    self._require_policy().version,
+                    now - group.progress,
+                    sorted(group.members),
+                    type(self.inference_engine).__name__,
+                    requests,
+                )
+            else:
+                wake = min(wake, group.progress + limit)
+        if self._groups and not self._closed:
+            self._watchdog_handle = loop.call_at(wake, self._watchdog)
+
+    def _progress(self) -> None:
+        """One log line on the buffers' progress, then again in ``progress_log_s`` if busy."""
+        self._progress_handle = None
+        s = self._settings
+        loop = self._loop
+        assert s is not None and s.progress_log is not None and loop is not None
+        if not self._groups:  # idle: no line, and no timer until work starts again
+            return
+        running = f"{len(self._groups)} groups ({self._running_members} members) running"
+        if self._buffer is not None:
+            logger.info("buffers %s; %s", buffer_progress(self._buffer), running)
+        else:
+            p = self._require_policy().statistics()
+            logger.info(
+                "policy %s version %d: %d waiting; %s", p.policy, p.version, p.waiting, running
+            )
+        if not self._closed:
+            self._progress_handle = loop.call_later(s.progress_log, self._progress)
 
     def _group_failed(self, group: _Group, cause: str, why: str) -> None:
         self._unlist(group.gid)
@@ -1014,20 +1515,61 @@ class WorkflowExecutor:
         assert policy is not None
         with self._guard:
             policy.abort(gid, cause)
+        if self._stragglers is not None:
+            self._stragglers.forget(gid)
         if self._drive_manager:
             assert self.staleness_manager is not None
             self.staleness_manager.on_rollout_rejected()
         self._kick()
+        self._check_head()
 
     def _cancel_members(self, group: _Group, cause: str) -> None:
-        """Cancel a settled group's running members; they are accounted for here and now."""
+        """Cancel a settled group's running members; they are accounted for here and now.
+
+        Their engine requests in flight are aborted on the engine first (``engine.abort``), which
+        returns the partial output (its tokens are counted as wasted); then the tasks are
+        cancelled. At shutdown the tasks are cancelled at once."""
         for m in list(group.members.values()):
             m.cause = cause
             self._detach(m)
             self._cancelled[cause] += 1
             if not m.started and inspect.iscoroutine(m.episode):
                 m.episode.close()  # never awaited: close it, or Python warns
-            if m.task is not None:
+            if m.task is None:
+                continue
+            if cause != "shutdown" and self._abort_requests(m, cause, cancel=True):
+                continue
+            m.task.cancel()
+
+    def _abort_requests(self, m: _Member, cause: str, *, cancel: bool) -> bool:
+        """Abort ``m``'s engine requests in flight in the background (then cancel its task when
+        ``cancel``); False when there is nothing to abort on the engine."""
+        abort = self._engine_abort
+        rids = list(m.engine.inflight) if m.engine is not None else []
+        if abort is None or not rids:
+            return False
+        loop = self._loop
+        assert loop is not None
+        task = loop.create_task(self._abort_then(m, abort, rids, cause, cancel))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return True
+
+    async def _abort_then(
+        self, m: _Member, abort: Callable[[Any], Any], rids: list[Any], cause: str, cancel: bool
+    ) -> None:
+        try:
+            for rid in rids:
+                try:
+                    partial = await _call_abort(abort, rid)
+                except Exception as e:  # the engine may have finished it meanwhile
+                    logger.warning("engine.abort(%r) for %s (%s) failed: %r", rid, m.mid, cause, e)
+                    continue
+                self._aborted_requests[cause] += 1
+                if cancel:  # truncated output is kept by the workflow, not wasted
+                    self._aborted_tokens[cause] += _output_tokens(partial)
+        finally:
+            if cancel and m.task is not None:
                 m.task.cancel()
 
     def _stop(self, why: str) -> None:
@@ -1075,15 +1617,20 @@ class WorkflowExecutor:
                     return False
                 batch = policy.consume()
             v = batch.version
+            if self._stragglers is not None:
+                self._stragglers.consumed(v + 1)
             for gid in batch.aborted:  # surplus reservations of the consumed buffer
                 group = self._unlist(cast(int, gid))
                 if group is not None:
                     assert self._tracker is not None
+                    self._discarded["surplus"] += len(self._tracker.partial(gid))
                     self._tracker.cancel(gid)
                     self._cancel_members(group, "surplus")
                     if self._drive_manager:
                         assert self.staleness_manager is not None
                         self.staleness_manager.on_rollout_rejected()
+                if self._stragglers is not None:
+                    self._stragglers.forget(gid)
                 self._n["surplus_groups"] += 1
             self._n["dropped_groups"] += len(batch.dropped)
             self._n["consumed_batches"] += 1
@@ -1094,14 +1641,17 @@ class WorkflowExecutor:
                 members: _Payload = g.payload
                 out.append(
                     tuple(
-                        Trajectory(r.result, gid, r.member.number, r.version, v, v - r.version, tv)
-                        for r, tv in members
+                        Trajectory(
+                            r.result, gid, r.member.number, r.version, v, v - r.version, tv, cut
+                        )
+                        for r, tv, cut in members
                     )
                 )
                 n += len(members)
             self._n["consumed_groups"] += len(batch.groups)
             self._n["consumed_trajectories"] += n
             self._kick()
+            self._check_head()
         return True
 
     def _pop(self, count: int) -> list[Trajectory]:
@@ -1194,6 +1744,11 @@ class WorkflowExecutor:
             ps = policy.statistics()
         n = self._n
         manager = self.staleness_manager
+        now = self._loop.time() if self._loop is not None else 0.0
+        stuck = dict(self._stuck.total_stuck_s)
+        for b, since in self._stuck.open_intervals().items():
+            stuck[b] = stuck.get(b, 0.0) + now - since
+        stuck_total = sum(stuck.values())
         return ExecutorStatistics(
             policy=ps,
             manager=manager.get_stats() if manager is not None else None,
@@ -1214,6 +1769,17 @@ class WorkflowExecutor:
             completed_groups=n["completed_groups"],
             failed_groups=n["failed_groups"],
             filtered_groups=n["filtered_groups"],
+            consecutive_filtered=self._consecutive_filtered,
+            retried_groups=n["retried_groups"],
+            pulled_forward_groups=n["pulled_forward_groups"],
+            truncated_groups=n["truncated_groups"],
+            truncated_trajectories=n["truncated_trajectories"],
+            aborted_requests=MappingProxyType(dict(self._aborted_requests)),
+            aborted_tokens=MappingProxyType(dict(self._aborted_tokens)),
+            discarded_members=MappingProxyType(dict(self._discarded)),
+            stuck_seconds=stuck_total,
+            stuck_seconds_by_buffer=MappingProxyType(stuck),
+            watchdog_stalls=n["watchdog_stalls"],
             dropped_groups=n["dropped_groups"],
             surplus_groups=n["surplus_groups"],
             consumed_batches=n["consumed_batches"],

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from stalebound.config import StaleboundConfig, load_config, parse_cli_overrides
+from stalebound.config import TRAIN_RECIPE, StaleboundConfig, load_config, parse_cli_overrides
 from stalebound.core.errors import ConfigError
 
 __all__ = ["main", "run_bench"]
@@ -119,7 +119,7 @@ def main(argv: Sequence[str]) -> int:
         staleness, args = values, args[:i] + args[j:]
     try:
         paths, overrides = parse_cli_overrides(args)
-        cfg = load_config(paths, overrides)
+        cfg = load_config([TRAIN_RECIPE, *paths], overrides)
     except ConfigError as e:
         print(f"stalebound bench: {e}", file=sys.stderr)
         return 2

@@ -148,18 +148,33 @@ class BusyMeter:
         return idle / total if total > 0 else 0.0
 
 
+def _make_http_engines(cfg: StaleboundConfig) -> list[Any]:
+    """One client per server URL (``engine.kind`` vllm or sglang); started on the executor's loop."""
+    from stalebound.engines.vllm import SGLangEngine, VLLMEngine
+
+    e = cfg.engine
+    if e.kind == "sglang":
+        return [SGLangEngine(url, seed=cfg.seed + i) for i, url in enumerate(e.urls)]
+    continue_ = e.interrupt_mode == "continue"
+    return [
+        VLLMEngine(
+            url,
+            api="generate" if continue_ else "completions",
+            interrupt_mode=e.interrupt_mode,
+            seed=cfg.seed + i,
+        )
+        for i, url in enumerate(e.urls)
+    ]
+
+
 def _make_engine(cfg: StaleboundConfig, model_dir: Path) -> tuple[Any, Callable[[], None]]:
-    """The engine the workflows use, and how to close it."""
+    """The engine the workflows use, and how to close it (local engines only; see above)."""
     e = cfg.engine
     if cfg.backend == "ray":
         from stalebound.distributed import make_ray_engine
 
         router = make_ray_engine(cfg, model_path=str(model_dir))
         return router, router.close
-    if e.kind != "local":
-        from stalebound.engines import vllm as http_engines
-
-        return http_engines.make_http_engine(cfg)  # type: ignore[no-any-return]
     from stalebound.engines.local import LocalEngine
     from stalebound.engines.router import Router
 
@@ -276,9 +291,22 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     )
 
     # 3-4. engines and the executor
-    raw_engine, close_engines = _make_engine(cfg, policy_dir)
+    http = cfg.engine.kind != "local"
+    if http:
+        from stalebound.engines.router import Router
+
+        clients = _make_http_engines(cfg)
+        raw_engine: Any = clients[0] if len(clients) == 1 else Router(clients)
+        close_engines: Callable[[], None] = lambda: None  # noqa: E731 - closed on the loop below
+    else:
+        raw_engine, close_engines = _make_engine(cfg, policy_dir)
     engine = BusyMeter(raw_engine)
     executor = WorkflowExecutor(cfg.rollout, engine).initialize()
+    if http:
+        for client in clients:
+            executor.run_coroutine(client.start())
+        # the servers serve engine.model_path; the warm-started weights replace them as version 0
+        executor.run_coroutine(engine.update_weights(policy_dir, 0))
     trainer: Any
     if cfg.backend == "ray":
         from stalebound.distributed import make_ray_trainer
@@ -294,7 +322,14 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     rng.shuffle(order)
 
     def publish(state_dict: Any, version: int) -> None:
-        executor.run_coroutine(engine.update_weights(state_dict, version))
+        source: Any = state_dict
+        if http:  # servers reload from a directory: write it atomically, keep the last two
+            source = run_dir / "weights" / f"v{version}"
+            tmp = source.with_name(source.name + ".tmp")
+            model.save_pretrained(tmp)
+            os.replace(tmp, source)
+            shutil.rmtree(run_dir / "weights" / f"v{version - 2}", ignore_errors=True)
+        executor.run_coroutine(engine.update_weights(source, version))
         executor.set_version(version)
 
     trainer.publish(publish)
@@ -361,6 +396,9 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     finally:
         stop_sampling.set()
         view.stop()
+        if http:
+            for client in clients:
+                executor.run_coroutine(client.aclose())
         executor.destroy()
         close_engines()
         if cfg.backend == "ray" and sys.exc_info()[0] is not None:
