@@ -460,7 +460,7 @@ def make_ray_engine(
     clients = []
     for i in range(e.replicas):
         name = f"ray-engine-{i}"
-        actor = actor_class.options(num_cpus=config.ray.engine_num_cpus, name=None).remote(
+        actor = actor_class.options(num_cpus=config.ray.engine_num_cpus).remote(
             str(path), {**options, "name": name}
         )
         clients.append(RayEngine(actor, name=name, version=version))
