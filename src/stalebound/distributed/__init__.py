@@ -1,1 +1,71 @@
-"""stalebound.distributed."""
+"""The Ray backend: engine replicas and data-parallel trainer ranks as Ray actors.
+
+Importing this package does not import ray (nor torch); the names below load their modules on
+first access and need the ``ray`` extra (``pip install 'stalebound[ray]'``). See
+``docs/scale-out.md`` for launching on a cluster.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stalebound.distributed.cluster import import_ray, init_ray
+    from stalebound.distributed.engine import (
+        PublishedWeights,
+        RayEngine,
+        RayEngineActor,
+        RayRouter,
+        RayRouterStatistics,
+        ReplicaLostError,
+        make_ray_engine,
+    )
+    from stalebound.distributed.trainer import (
+        RayTrainerGroup,
+        TrainerRankError,
+        make_ray_trainer,
+        merge_step_stats,
+        split_groups,
+    )
+
+__all__ = [
+    "PublishedWeights",
+    "RayEngine",
+    "RayEngineActor",
+    "RayRouter",
+    "RayRouterStatistics",
+    "RayTrainerGroup",
+    "ReplicaLostError",
+    "TrainerRankError",
+    "import_ray",
+    "init_ray",
+    "make_ray_engine",
+    "make_ray_trainer",
+    "merge_step_stats",
+    "split_groups",
+]
+
+_LAZY = {
+    "import_ray": "cluster",
+    "init_ray": "cluster",
+    "PublishedWeights": "engine",
+    "RayEngine": "engine",
+    "RayEngineActor": "engine",
+    "RayRouter": "engine",
+    "RayRouterStatistics": "engine",
+    "ReplicaLostError": "engine",
+    "make_ray_engine": "engine",
+    "RayTrainerGroup": "trainer",
+    "TrainerRankError": "trainer",
+    "make_ray_trainer": "trainer",
+    "merge_step_stats": "trainer",
+    "split_groups": "trainer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stalebound.distributed' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"stalebound.distributed.{module}"), name)

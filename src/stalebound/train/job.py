@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -169,6 +170,11 @@ def _make_http_engines(cfg: StaleboundConfig) -> list[Any]:
 def _make_engine(cfg: StaleboundConfig, model_dir: Path) -> tuple[Any, Callable[[], None]]:
     """The engine the workflows use, and how to close it (local engines only; see above)."""
     e = cfg.engine
+    if cfg.backend == "ray":
+        from stalebound.distributed import make_ray_engine
+
+        router = make_ray_engine(cfg, model_path=str(model_dir))
+        return router, router.close
     from stalebound.engines.local import LocalEngine
     from stalebound.engines.router import Router
 
@@ -301,7 +307,15 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
             executor.run_coroutine(client.start())
         # the servers serve engine.model_path; the warm-started weights replace them as version 0
         executor.run_coroutine(engine.update_weights(policy_dir, 0))
-    trainer = Trainer(model, tokenizer, cfg.train, version=0)
+    trainer: Any
+    if cfg.backend == "ray":
+        from stalebound.distributed import make_ray_trainer
+
+        pad = tokenizer.pad_token_id
+        pad = tokenizer.eos_token_id if pad is None else pad
+        trainer = make_ray_trainer(cfg, policy_dir, pad_token_id=pad)
+    else:
+        trainer = Trainer(model, tokenizer, cfg.train, version=0)
     sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p)
     workflow = EngineEpisode(task, tokenizer, sampling)
     order = list(samples)
@@ -387,11 +401,18 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
                 executor.run_coroutine(client.aclose())
         executor.destroy()
         close_engines()
+        if cfg.backend == "ray" and sys.exc_info()[0] is not None:
+            trainer.close()
     wall = time.monotonic() - start
+    if cfg.backend == "ray":
+        # the ranks trained the policy: bring it here for the evaluation and the checkpoint
+        model.load_state_dict(dict(trainer.state_dict_for_engines()))
     eval_after = evaluate(model, tokenizer, task, eval_set)["acc"]
     logger.close()
     if cfg.run.checkpoint:
         save_checkpoint(run_dir, model, tokenizer, trainer)
+    if cfg.backend == "ray":
+        trainer.close()
     if cfg.run.plots:
         from stalebound.obs.plots import plot_run
 

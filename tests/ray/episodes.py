@@ -1,0 +1,31 @@
+"""A rollout workflow for the executor over any engine: a task's episode with unique request ids."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from stalebound.engines import GenerateRequest, SamplingParams
+
+
+class TaskEpisodes:
+    """``arun_episode(engine, sample)`` runs ``task``'s workflow on ``engine``."""
+
+    def __init__(self, task: Any, tokenizer: Any, *, temperature: float = 1.0) -> None:
+        self.workflow = task.workflow(tokenizer)
+        self.temperature = temperature
+        self.ids = itertools.count()
+
+    async def arun_episode(self, engine: Any, sample: Any) -> Any:
+        rid = f"{sample.id}#{next(self.ids)}"
+
+        async def generate(ids: Sequence[int], max_new_tokens: int, stop: Sequence[int]) -> Any:
+            sampling = SamplingParams(
+                max_new_tokens=max_new_tokens,
+                temperature=self.temperature,
+                stop_token_ids=tuple(stop),
+            )
+            return await engine.agenerate(GenerateRequest(rid, tuple(ids), sampling))
+
+        return await self.workflow.run(generate, sample)
