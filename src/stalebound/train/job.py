@@ -372,7 +372,9 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
                 traj.version = t.version
                 groups.setdefault(t.group_id, []).append(traj)
                 staleness.append(t.staleness)
+            t1 = time.monotonic()
             stats = trainer.step(list(groups.values()), batch_version=consumed_version)
+            t2 = time.monotonic()
             trained += len(batch)
             max_stale = max(max_stale, *staleness)
             violations += sum(1 for s in staleness if s > eta)
@@ -386,6 +388,8 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
             metrics.update(
                 trajectories_per_s=trained / elapsed,
                 trainer_idle_fraction=waited / elapsed,
+                wait_s=t1 - t0,
+                step_and_publish_s=t2 - t1,
                 engine_idle_fraction=engine.idle_fraction(),
                 filtered=float(getattr(es, "filtered", 0)),
                 failed_groups=float(getattr(es, "failed_groups", 0)),
@@ -393,6 +397,7 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
             logger.log_step(metrics, version=trainer.version, staleness=staleness)
             rows = executor.inspect_policy(_head_rows)[1]
             view.update_step(step, trainer.version, metrics, rows=rows or None)
+            _log.debug("step %d bookkeeping %.3fs", step, time.monotonic() - t2)
     finally:
         stop_sampling.set()
         view.stop()

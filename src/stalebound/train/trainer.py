@@ -108,22 +108,24 @@ def build_batch(trajectories: Sequence[Trajectory], pad_token_id: int) -> TokenB
                 "one token (prepend <bos>)"
             )
     length = max(len(t.prompt_ids) + len(t.output_ids) for t in trajectories)
-    b = len(trajectories)
-    ids = torch.full((b, length), pad_token_id, dtype=torch.long)
-    attn = torch.zeros((b, length), dtype=torch.long)
-    mask = torch.zeros((b, length - 1))
-    behav = torch.zeros((b, length - 1))
-    vers = torch.zeros((b, length - 1), dtype=torch.long)
-    for i, t in enumerate(trajectories):
+    # Rows are padded as Python lists and turned into tensors once: per-row tensor writes cost
+    # more than the model's forward pass at this size.
+    ids_rows, attn_rows, mask_rows, behav_rows, vers_rows = [], [], [], [], []
+    for t in trajectories:
         p, n = len(t.prompt_ids), len(t.output_ids)
-        ids[i, : p + n] = torch.tensor(t.prompt_ids + t.output_ids, dtype=torch.long)
-        attn[i, : p + n] = 1
-        if n:
-            s = slice(p - 1, p - 1 + n)
-            lm = t.loss_mask if t.loss_mask is not None else [1] * n
-            mask[i, s] = torch.tensor(lm, dtype=torch.float32)
-            behav[i, s] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
-            vers[i, s] = torch.tensor(t.versions, dtype=torch.long)
+        pad = length - p - n
+        ids_rows.append(t.prompt_ids + t.output_ids + [pad_token_id] * pad)
+        attn_rows.append([1] * (p + n) + [0] * pad)
+        lm = t.loss_mask if t.loss_mask is not None else [1] * n
+        head, tail = [0] * (p - 1), [0] * pad
+        mask_rows.append(head + list(lm) + tail)
+        behav_rows.append([0.0] * (p - 1) + list(t.behaviour_logprobs) + [0.0] * pad)
+        vers_rows.append(head + list(t.versions) + tail)
+    ids = torch.tensor(ids_rows, dtype=torch.long)
+    attn = torch.tensor(attn_rows, dtype=torch.long)
+    mask = torch.tensor(mask_rows, dtype=torch.float32)
+    behav = torch.tensor(behav_rows, dtype=torch.float32)
+    vers = torch.tensor(vers_rows, dtype=torch.long)
     return TokenBatch(
         input_ids=ids,
         attention_mask=attn,
