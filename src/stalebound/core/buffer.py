@@ -205,9 +205,7 @@ class StalenessBuffer:
         self._v = start_version
         self._buffers: dict[int, _Buffer] = {}
         self._groups: dict[Hashable, _Group] = {}
-        self._nonempty = 0  # RESERVED + OCCUPIED entries in the window
         self._next_seq = 0
-        self._reserved_total = 0
         self._occupied_total = 0
         self._consumed_groups = 0
         self._consumed_batches = 0
@@ -285,7 +283,7 @@ class StalenessBuffer:
         top = V + self.staleness
         if top < v:
             return 0
-        used = self._nonempty
+        used = len(self._groups)  # every group in flight holds one entry of the window
         if v != V:  # leave out the buffers above V + η
             used -= sum(
                 len(b.reserved) + len(b.occupied) for bv, b in self._buffers.items() if bv > top
@@ -332,8 +330,6 @@ class StalenessBuffer:
         g = _Group(group_id, V, b)
         buf.reserved[group_id] = g
         groups[group_id] = g
-        self._nonempty += 1
-        self._reserved_total += 1
         return Reservation(group_id, V, b)
 
     def _latest_with_room(self, b: int) -> tuple[int, _Buffer] | None:
@@ -412,7 +408,6 @@ class StalenessBuffer:
         else:
             del buf.reserved[group_id]
         del self._groups[group_id]
-        self._nonempty -= 1
         self._aborted[cause] += 1
 
     def consume(self) -> ConsumedBatch:
@@ -444,7 +439,6 @@ class StalenessBuffer:
             del groups[gid]
         del self._buffers[v]
         self._v = v + 1
-        self._nonempty -= len(taken) + len(surplus) + len(extra)
         self._consumed_groups += len(taken)
         self._consumed_batches += 1
         if surplus:
@@ -497,7 +491,7 @@ class StalenessBuffer:
             reserved=sum(len(b.reserved) for b in self._buffers.values()),
             occupied=sum(len(b.occupied) for b in self._buffers.values()),
             capacity=self.capacity(),
-            reserved_total=self._reserved_total,
+            reserved_total=self._reserved_total(),
             occupied_total=self._occupied_total,
             consumed_groups=self._consumed_groups,
             consumed_batches=self._consumed_batches,
@@ -542,7 +536,7 @@ class StalenessBuffer:
             "next_seq": self._next_seq,
             "groups": groups,
             "counters": {
-                "reserved_total": self._reserved_total,
+                "reserved_total": self._reserved_total(),
                 "occupied_total": self._occupied_total,
                 "consumed_groups": self._consumed_groups,
                 "consumed_batches": self._consumed_batches,
@@ -577,7 +571,6 @@ class StalenessBuffer:
             for item in snapshot["groups"]:
                 buf._restore_group(item)
             c = snapshot["counters"]
-            buf._reserved_total = int(c["reserved_total"])
             buf._occupied_total = int(c["occupied_total"])
             buf._consumed_groups = int(c["consumed_groups"])
             buf._consumed_batches = int(c["consumed_batches"])
@@ -587,6 +580,10 @@ class StalenessBuffer:
             buf._replaced = int(c["replaced"])
             buf._pulled_forward = int(c["pulled_forward"])
             buf._histogram = Counter({int(k): int(n) for k, n in c["histogram"].items()})
+            if buf._reserved_total() != int(c["reserved_total"]):
+                raise ValueError(
+                    f"reserved_total {c['reserved_total']} does not match the groups and counters"
+                )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(
                 f"restore(): the snapshot is damaged or not a StalenessBuffer snapshot "
@@ -611,7 +608,6 @@ class StalenessBuffer:
         else:
             buf.reserved[gid] = g
         self._groups[gid] = g
-        self._nonempty += 1
 
     def check_invariants(self) -> None:
         """Raise :class:`InvariantError` if the internal state is inconsistent (used by tests)."""
@@ -631,12 +627,16 @@ class StalenessBuffer:
                 if bv > g.version + eta:
                     raise InvariantError(f"group {g.group_id!r} (version {g.version}) in {bv}")
             seen += len(buf.reserved) + len(buf.occupied)
-        if seen != len(self._groups) or seen != self._nonempty:
-            raise InvariantError(
-                f"{seen} entries filed, {len(self._groups)} groups, {self._nonempty} counted"
-            )
+        if seen != len(self._groups):
+            raise InvariantError(f"{seen} entries filed, {len(self._groups)} groups in flight")
 
     # --------------------------------------------------------------- helpers
+
+    def _reserved_total(self) -> int:
+        """Every group ever reserved ends exactly once, so the count is derived, not kept."""
+        return (
+            self._consumed_groups + sum(self._aborted.values()) + self._dropped + len(self._groups)
+        )
 
     def _state(self, buf: _Buffer | None) -> BufferState:
         occ = len(buf.occupied) if buf else 0
@@ -674,7 +674,6 @@ class StalenessBuffer:
             return False
         g.buffer = b
         insort(self._buffers[b].occupied, g, key=_by_seq)
-        self._nonempty += 1
         self._replaced += 1
         return True
 

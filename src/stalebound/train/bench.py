@@ -135,5 +135,5 @@ def main(argv: Sequence[str]) -> int:
     if as_json:
         print(json.dumps({"runs": runs}))
     else:
-        Console().print(_table(runs, cfg.run.target_reward))
+        Console(width=160).print(_table(runs, cfg.run.target_reward))
     return 0
