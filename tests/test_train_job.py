@@ -66,3 +66,36 @@ def test_bad_settings_fail_before_anything_starts(capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert "rollout.max_head_offpolicyness=-1: must be an integer ≥ 0" in err
     assert "train.lr=0.0: must be > 0" in err
+
+
+def test_the_run_trace_replays_under_other_policies(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = run / "trace.jsonl"
+    lines = trace.read_text().splitlines()
+    assert json.loads(lines[0])["source"] == "runtime"
+    assert len(lines) > 40 * 32 * 8  # every episode of the run, and the header
+    capsys.readouterr()
+    code = main(
+        [
+            "simulate",
+            "--preset",
+            "small",
+            "--replay",
+            str(trace),
+            "--policy",
+            "buffer",
+            "--policy",
+            "capacity",
+            "--staleness",
+            "4",
+            "--steps",
+            "5",
+            "--json",
+        ]
+    )
+    assert code == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert {r["policy"] for r in rows} >= {"buffer", "capacity"}
+    assert all(r["throughput"] > 0 for r in rows)
+    assert next(r for r in rows if r["policy"] == "buffer")["violations"] == 0

@@ -232,6 +232,9 @@ class RunConfig:
     """Draw the PNG plots into the run directory at the end."""
     tensorboard: bool = True
     """Write TensorBoard event files into the run directory."""
+    trace: bool = True
+    """Write ``trace.jsonl``: each episode's timing and tokens, for ``stalebound simulate
+    --replay``."""
 
 
 def _adapt_problems(problems: list[str], section: str) -> Iterator[Invalid]:

@@ -79,15 +79,23 @@ class EngineEpisode:
     version at the start of the episode (older trajectories are served first by the router).
     """
 
-    def __init__(self, task: Any, tokenizer: Any, sampling: SamplingParams) -> None:
+    def __init__(
+        self, task: Any, tokenizer: Any, sampling: SamplingParams, recorder: Any = None
+    ) -> None:
         self._workflow = task.workflow(tokenizer)
         self._sampling = sampling
         self._ids = itertools.count()
+        self._recorder = recorder
+        self._t0 = time.monotonic()
 
     async def arun_episode(self, engine: Any, sample: Any) -> Any:
-        episode = f"ep{next(self._ids)}"
+        number = next(self._ids)
+        episode = f"ep{number}"
         turns = itertools.count()
         version = engine.get_version()
+        started = time.monotonic()
+        generated = [0]
+        finish = ["stop"]
 
         async def generate(
             input_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int]
@@ -99,9 +107,27 @@ class EngineEpisode:
                 f"{episode}/{next(turns)}", tuple(input_ids), sampling, priority_version=version
             )
             response: GenerateResponse = await engine.agenerate(request)
+            generated[0] += response.num_output_tokens
+            finish[0] = response.finish_reason
             return response
 
-        return await self._workflow.run(generate, sample)
+        trajectory = await self._workflow.run(generate, sample)
+        if self._recorder is not None:  # what `stalebound simulate --replay` re-times
+            from stalebound.sim.trace import TrajectoryRecord
+
+            self._recorder.record(
+                TrajectoryRecord(
+                    prompt_id=sample.id,
+                    group_id=number,
+                    member=0,
+                    start=started - self._t0,
+                    end=time.monotonic() - self._t0,
+                    tokens=generated[0],
+                    version=version,
+                    complete=finish[0] != "abort",
+                )
+            )
+        return trajectory
 
 
 class BusyMeter:
@@ -317,7 +343,14 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     else:
         trainer = Trainer(model, tokenizer, cfg.train, version=0)
     sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p)
-    workflow = EngineEpisode(task, tokenizer, sampling)
+    recorder = None
+    if cfg.run.trace:
+        from stalebound.sim.trace import TraceHeader, TraceRecorder
+
+        meta = {"task": cfg.task.name, "staleness": cfg.rollout.max_head_offpolicyness}
+        header = TraceHeader(source="runtime", group_size=cfg.rollout.group_size, meta=meta)
+        recorder = TraceRecorder(run_dir / "trace.jsonl", header)
+    workflow = EngineEpisode(task, tokenizer, sampling, recorder)
     order = list(samples)
     rng.shuffle(order)
 
@@ -406,6 +439,8 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
                 executor.run_coroutine(client.aclose())
         executor.destroy()
         close_engines()
+        if recorder is not None:
+            recorder.close()
         if cfg.backend == "ray" and sys.exc_info()[0] is not None:
             trainer.close()
     wall = time.monotonic() - start
