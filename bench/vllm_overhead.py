@@ -19,6 +19,9 @@ generated tokens, and listing it in ``VARIANTS``):
 * ``engine``: :class:`~stalebound.engines.vllm.VLLMEngine` (``api="completions"``).
 * ``engine-generate``: ``VLLMEngine(api="generate")`` (vLLM's token endpoint).
 * ``router``: :class:`~stalebound.engines.router.Router` over two ``VLLMEngine`` clients.
+* ``executor``: the same requests as episodes of a
+  :class:`~stalebound.runtime.WorkflowExecutor` (buffer policy, one trajectory per group,
+  ``--concurrency`` groups in flight) over its own ``VLLMEngine``: the whole rollout path.
 
 Usage::
 
@@ -154,6 +157,19 @@ def _through(name: str) -> Variant:
     return run
 
 
+class _Episode:
+    """The executor's workflow: one request per episode, returning its generated tokens."""
+
+    async def arun_episode(self, engine: Any, request: GenerateRequest) -> int:
+        return (await engine.agenerate(request)).num_output_tokens
+
+
+async def run_executor(ctx: Context, requests: list[GenerateRequest]) -> int:
+    executor = ctx.engines["executor"]
+    trajectories = await asyncio.to_thread(executor.rollout_batch, requests, _Episode())
+    return sum(int(t.data) for t in trajectories)
+
+
 VARIANTS: dict[str, Variant] = {
     "raw-stream": _raw_stream(close_at_done=False),
     "raw-stream-close": _raw_stream(close_at_done=True),
@@ -161,6 +177,7 @@ VARIANTS: dict[str, Variant] = {
     "engine": _through("engine"),
     "engine-generate": _through("engine-generate"),
     "router": _through("router"),
+    "executor": run_executor,
 }
 
 
@@ -181,7 +198,22 @@ async def _setup(ctx: Context) -> None:
     for engine in (completions, generate, *replicas):
         await engine.start(timeout=60)
     ctx.model = completions.model or ctx.model
+    # The executor runs its own event loop: its engine client is started (and closed) there.
+    from stalebound.config import RolloutConfig
+    from stalebound.runtime import WorkflowExecutor
+
+    executor_engine = VLLMEngine(ctx.url, api="completions")
+    settings = RolloutConfig(
+        consumer_batch_size=1,
+        group_size=1,
+        max_head_offpolicyness=1000,  # no weight updates here: staleness never binds
+        max_concurrent_rollouts=ctx.concurrency,
+    )
+    executor = WorkflowExecutor(settings, executor_engine).initialize()
+    executor.run_coroutine(executor_engine.start(timeout=60))
     ctx.engines = {
+        "executor": executor,
+        "_executor_engine": executor_engine,
         "engine": completions,
         "engine-generate": generate,
         "router": Router(replicas),
@@ -190,6 +222,12 @@ async def _setup(ctx: Context) -> None:
 
 
 async def _teardown(ctx: Context) -> None:
+    executor, executor_engine = ctx.engines.get("executor"), ctx.engines.get("_executor_engine")
+    if executor is not None:
+        stats = executor_engine.statistics()
+        ctx.engine_retries += stats.retries + stats.stream_retries
+        executor.run_coroutine(executor_engine.aclose())
+        executor.destroy()
     for engine in ctx.engines.get("_all", []):
         stats = engine.statistics()
         ctx.engine_retries += stats.retries + stats.stream_retries
