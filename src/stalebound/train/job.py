@@ -14,7 +14,6 @@ Top to bottom, :func:`run_training`:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import itertools
 import json
@@ -485,8 +484,3 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
         f"run directory {run_dir}"
     )
     return result
-
-
-def run_async(coro: Any) -> Any:
-    """Run a coroutine to completion from synchronous code (for engine calls outside a run)."""
-    return asyncio.run(coro)
