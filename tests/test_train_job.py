@@ -42,6 +42,13 @@ def test_reward_rises_and_no_trained_trajectory_is_staler_than_eta(run: Path) ->
     assert [r["step"] for r in records] == list(range(1, 41))
     assert all(r["staleness_max"] <= 2 for r in records)
     assert all(r["traj_staleness_max"] <= 2 for r in records)
+    # the executor's counters reach the metrics under their own names, and the live view shows
+    # the trainer's figures under the names the trainer logs them
+    from stalebound.obs.live import FIGURES
+
+    for key in ("filtered_groups", "failed_groups", "surplus_groups", "aborted_tokens"):
+        assert key in records[-1], key
+    assert {k for k, _ in FIGURES} - {"reward_mean"} <= set(records[-1]), "unlogged live figure"
 
 
 def test_run_directory_holds_config_metrics_tensorboard_plots_and_checkpoint(run: Path) -> None:

@@ -49,18 +49,18 @@ _SPARK = "▁▂▃▄▅▆▇█"
 
 FIGURES: tuple[tuple[str, str], ...] = (
     ("reward_mean", "reward"),
-    ("response_len_mean", "response len"),
+    ("response_length", "response len"),
     ("trajectories_per_s", "trajectories/s"),
     ("staleness_mean", "staleness mean"),
     ("staleness_max", "staleness max"),
     ("trainer_idle_fraction", "trainer idle"),
     ("engine_idle_fraction", "engine idle"),
     ("entropy", "entropy"),
-    ("kl", "kl"),
-    ("clip_frac", "clip frac"),
-    ("masked_frac", "masked frac"),
-    ("filtered", "filtered"),
-    ("aborted", "aborted"),
+    ("kl_behaviour", "kl"),
+    ("clip_fraction", "clip frac"),
+    ("masked_fraction", "masked frac"),
+    ("filtered_groups", "filtered"),
+    ("aborted_tokens", "aborted tokens"),
 )
 """The step metrics the view shows, in order, with their labels; absent ones are left out."""
 

@@ -33,7 +33,7 @@ from typing import Any
 from rich.console import Console
 
 from stalebound.config import StaleboundConfig, dump_yaml
-from stalebound.core import BufferPolicy, StalenessPolicy
+from stalebound.core import BufferPolicy, StaleboundError, StalenessPolicy
 from stalebound.engines.protocol import GenerateRequest, GenerateResponse, SamplingParams
 from stalebound.obs.records import BufferRow, buffer_rows
 
@@ -374,7 +374,7 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
         while not stop_sampling.wait(0.25):
             try:
                 version, rows = executor.inspect_policy(_head_rows)
-            except Exception:  # the executor is shutting down
+            except StaleboundError:  # the executor stopped or is shutting down
                 return
             if rows:
                 logger.log_buffers(None, version, rows)
@@ -423,8 +423,16 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
                 wait_s=t1 - t0,
                 step_and_publish_s=t2 - t1,
                 engine_idle_fraction=engine.idle_fraction(),
-                filtered=float(getattr(es, "filtered", 0)),
-                failed_groups=float(getattr(es, "failed_groups", 0)),
+                # typed fields, not getattr: a misspelt counter must fail the type check, not
+                # log a silent zero
+                filtered_groups=float(es.filtered_groups),
+                failed_groups=float(es.failed_groups),
+                retried_groups=float(es.retried_groups),
+                truncated_groups=float(es.truncated_groups),
+                dropped_groups=float(es.dropped_groups),
+                surplus_groups=float(es.surplus_groups),
+                aborted_tokens=float(sum(es.aborted_tokens.values())),
+                stuck_seconds=es.stuck_seconds,
             )
             logger.log_step(metrics, version=trainer.version, staleness=staleness)
             rows = executor.inspect_policy(_head_rows)[1]
