@@ -244,7 +244,11 @@ def test_update_mid_generation_continues_in_place(
                 engine.agenerate(GenerateRequest("k", PROMPT, _greedy(LONG)))
             )
             await _wait_progress(engine, "k", 8, task)
+            # Hold the request mid-way so the update surely lands inside it; with the server paused
+            # in keep mode the request stays there, and update_weights leaves it paused.
+            await engine.pause()
             await engine.update_weights(alt_model_dir, v + 1)
+            await engine.resume()
             response = await task
             await _restore(engine, vllm_server)
             return response, v
@@ -253,7 +257,7 @@ def test_update_mid_generation_continues_in_place(
 
     response, v = asyncio.run(main())
     versions = response.output_versions
-    assert v + 1 in versions, "the request finished before the update; lengthen it"
+    assert v + 1 in versions, "the request finished before the update"
     boundary = versions.index(v + 1)
     assert versions == (v,) * boundary + (v + 1,) * (LONG - boundary)
     assert response.resubmits == 0 and boundary >= 8
