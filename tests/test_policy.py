@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from stalebound import ProtocolError, StalenessBuffer
@@ -97,3 +99,63 @@ def test_buffer_policy_limits_concurrency_and_never_violates() -> None:
     batch = p.consume()
     assert [g.group_id for g in batch.groups] == ["a", "c"]
     assert p.statistics().violations == 0 and p.statistics().running == 1
+
+
+def _busy_buffer_policy() -> BufferPolicy:
+    p = BufferPolicy(StalenessBuffer(batch_size=2, staleness=1), max_concurrent=5)
+    for g in "abcd":
+        assert p.try_admit(g) is not None
+    p.complete("a", payload=["A"])
+    p.complete("c", payload=["C"])
+    p.abort("d", "failed")
+    return p
+
+
+def _busy_capacity_policy() -> CapacityPolicy:
+    p = CapacityPolicy(CapacityCounter(8, 2, 1), drop_stale=True)
+    for g in "abcd":
+        assert p.try_admit(g) is not None
+    p.complete("a", payload=["A"])
+    p.complete("b", payload=["B"])
+    p.consume()
+    p.complete("c", payload=["C"])
+    return p
+
+
+@pytest.mark.parametrize(
+    "make, empty",
+    [
+        (
+            _busy_buffer_policy,
+            lambda: BufferPolicy(StalenessBuffer(batch_size=2, staleness=1), max_concurrent=5),
+        ),
+        (_busy_capacity_policy, lambda: CapacityPolicy(CapacityCounter(8, 2, 1), drop_stale=True)),
+    ],
+)
+def test_policy_snapshot_round_trips_and_continues_alike(make: Any, empty: Any) -> None:
+    original, twin, fresh = make(), make(), empty()
+    fresh.load_snapshot(original.snapshot())
+    assert fresh.snapshot() == twin.snapshot() and fresh.statistics() == twin.statistics()
+    for p in (fresh, twin):  # the same calls give the same answers
+        for g in [g for g in "abcd" if p.is_running(g)]:
+            p.complete(g, payload=[g.upper()])
+        assert p.ready()
+    assert fresh.consume() == twin.consume()
+
+
+def test_policy_load_snapshot_refuses_damage_and_foreign_policies_unchanged() -> None:
+    buf, cap = _busy_buffer_policy(), _busy_capacity_policy()
+    before = (buf.snapshot(), cap.snapshot())
+    with pytest.raises(
+        ProtocolError, match="snapshot is of the 'capacity-drop' policy, not 'buffer'"
+    ):
+        buf.load_snapshot(cap.snapshot())
+    with pytest.raises(ProtocolError, match="damaged or not a buffer-policy snapshot"):
+        buf.load_snapshot({"policy": "buffer"})
+    smaller = CapacityPolicy(CapacityCounter(8, 4, 1), drop_stale=True)
+    with pytest.raises(ProtocolError, match=r"consumer_batch_size: 2 → 4"):
+        smaller.load_snapshot(cap.snapshot())
+    damaged = {**cap.snapshot(), "running": [["c", 0], ["d", 7]]}
+    with pytest.raises(ProtocolError, match="damaged or not a capacity-policy snapshot"):
+        cap.load_snapshot(damaged)
+    assert (buf.snapshot(), cap.snapshot()) == before

@@ -15,13 +15,14 @@ Because the decisions live here, one trace of calls gives the same decisions in 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 from stalebound.core.buffer import ConsumedBatch, ConsumedGroup, StalenessBuffer
-from stalebound.core.capacity import CapacityCounter
+from stalebound.core.capacity import CapacityCounter, RolloutStat
 from stalebound.core.errors import ConfigError, ProtocolError
 
 __all__ = [
@@ -96,6 +97,30 @@ class StalenessPolicy(Protocol):
     def is_running(self, group_id: Hashable) -> bool: ...
 
     def statistics(self) -> PolicyStatistics: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def load_snapshot(self, snapshot: Mapping[str, Any]) -> None: ...
+
+
+@contextmanager
+def _reading_snapshot(kind: str) -> Iterator[None]:
+    """Report a snapshot that does not parse as damaged (nothing has been changed yet)."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(
+            f"load_snapshot(): the snapshot is damaged or not a {kind} snapshot "
+            f"({type(exc).__name__}: {exc}); restore from an intact checkpoint"
+        ) from exc
+
+
+def _check_policy(snapshot: Mapping[str, Any], name: str) -> None:
+    if snapshot["policy"] != name:
+        raise ProtocolError(
+            f"load_snapshot(): the snapshot is of the {snapshot['policy']!r} policy, not "
+            f"{name!r}; resume with the staleness policy that wrote it"
+        )
 
 
 def _check_limit(name: str, value: int | None) -> None:
@@ -192,6 +217,36 @@ class BufferPolicy:
             staleness_histogram=s.staleness_histogram,
             violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness_bound),
         )
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as plain data: the buffer's :meth:`~StalenessBuffer.snapshot` (its
+        reservations and occupied groups with their payloads) and the policy's counters."""
+        return {
+            "policy": self.name,
+            "max_concurrent": self.max_concurrent,
+            "buffer": self.buffer.snapshot(),
+            "admitted": self._admitted,
+            "completed": self._completed,
+            "aborted": dict(self._aborted),
+        }
+
+    def load_snapshot(self, snapshot: Mapping[str, Any]) -> None:
+        """Replace the state with :meth:`snapshot` output. The buffer's reservations come back as
+        running groups (a driver that lost them aborts them, naming its cause). A damaged or
+        foreign snapshot raises :class:`ProtocolError` and changes nothing."""
+        with _reading_snapshot("buffer-policy"):
+            _check_policy(snapshot, self.name)
+            buffer = StalenessBuffer.restore(snapshot["buffer"])
+            admitted = int(snapshot["admitted"])
+            completed = int(snapshot["completed"])
+            aborted = Counter({str(k): int(n) for k, n in snapshot["aborted"].items()})
+        self.buffer = buffer
+        self._running = {
+            gid
+            for bv in range(buffer.version, buffer.version + buffer.staleness + 1)
+            for gid in buffer.reserved_groups(bv)
+        }
+        self._admitted, self._completed, self._aborted = admitted, completed, aborted
 
 
 class CapacityPolicy:
@@ -340,6 +395,71 @@ class CapacityPolicy:
             staleness_histogram=MappingProxyType(dict(sorted(self._histogram.items()))),
             violations=sum(n for k, n in self._histogram.items() if k > eta),
         )
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as plain data: version, counters, running groups and completed groups
+        with their payloads (first-in, first-out)."""
+        c = self.counter
+        return {
+            "policy": self.name,
+            "max_concurrent_rollouts": c.max_concurrent_rollouts,
+            "consumer_batch_size": c.consumer_batch_size,
+            "max_staleness": c.max_staleness,
+            "version": self._v,
+            "stat": dict(vars(c.stat)),
+            "running": [[gid, v] for gid, v in self._running.items()],
+            "done": [[g.group_id, g.version, g.payload] for g in self._done],
+            "admitted": self._admitted,
+            "completed": self._completed,
+            "consumed": self._consumed,
+            "dropped": self._dropped,
+            "aborted": dict(self._aborted),
+            "histogram": {str(k): n for k, n in self._histogram.items()},
+        }
+
+    def load_snapshot(self, snapshot: Mapping[str, Any]) -> None:
+        """Replace the state (and the counter's) with :meth:`snapshot` output. The counter's
+        limits must match the snapshot's. A damaged or foreign snapshot raises
+        :class:`ProtocolError` and changes nothing."""
+        c = self.counter
+        with _reading_snapshot("capacity-policy"):
+            _check_policy(snapshot, self.name)
+            limits = {
+                "max_concurrent_rollouts": c.max_concurrent_rollouts,
+                "consumer_batch_size": c.consumer_batch_size,
+                "max_staleness": c.max_staleness,
+            }
+            changed = [
+                f"{k}: {snapshot[k]!r} → {v!r}" for k, v in limits.items() if snapshot[k] != v
+            ]
+            if changed:
+                raise ProtocolError(
+                    f"load_snapshot(): the limits differ from the snapshot's ({', '.join(changed)}); "
+                    "resume with the limits it was written with"
+                )
+            version = int(snapshot["version"])
+            stat = RolloutStat(**{k: int(n) for k, n in snapshot["stat"].items()})
+            running = {gid: int(v) for gid, v in snapshot["running"]}
+            done = deque(
+                ConsumedGroup(gid, int(v), payload) for gid, v, payload in snapshot["done"]
+            )
+            counts = [int(snapshot[k]) for k in ("admitted", "completed", "consumed", "dropped")]
+            aborted = Counter({str(k): int(n) for k, n in snapshot["aborted"].items()})
+            histogram = Counter({int(k): int(n) for k, n in snapshot["histogram"].items()})
+            bad = [v for v in (version, *running.values(), *(g.version for g in done)) if v < 0] + [
+                v for v in running.values() if v > version
+            ]
+            if bad or len(running) != stat.running or min(vars(stat).values()) < 0:
+                raise ValueError(
+                    f"versions {bad} or running count {stat.running} (of {len(running)} groups) "
+                    "are inconsistent"
+                )
+        c.stat = stat
+        self._v, self._running, self._done = version, running, done
+        self._done_ids = {g.group_id for g in done}
+        self._dropped_since = []
+        self._admitted, self._completed, self._consumed, self._dropped = counts
+        self._aborted, self._histogram = aborted, histogram
 
     def _drop(self, group: ConsumedGroup) -> None:
         self._dropped += 1

@@ -58,7 +58,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import inspect
-import itertools
 import logging
 import threading
 from collections import Counter, deque
@@ -97,6 +96,8 @@ from stalebound.core.filters import (
 from stalebound.runtime.staleness_manager import StalenessManager
 
 __all__ = [
+    "OUTCOMES",
+    "STATE_FORMAT",
     "ExecutorStatistics",
     "RolloutError",
     "Trajectory",
@@ -149,6 +150,9 @@ class Trajectory(NamedTuple):
     truncated: bool = False
     """The proactive filter (``truncate``) cut its generation short: the engine request was
     aborted and the workflow returned the partial output. A loss may mask or keep it."""
+    sample_index: int = -1
+    """Which data item it came from: items are numbered from 0 in the order the executor took
+    them in (``submit`` calls and data-loader draws), across resumes (see ``drain_outcomes``)."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +225,9 @@ class ExecutorStatistics:
     consecutive_failures: int
     dispatch_wakeups: int
     """How often the dispatcher woke up: once per burst of events, never on a timer."""
+    resumed_groups: int = 0
+    """Groups that were running when the state was saved and were dispatched again after
+    :meth:`WorkflowExecutor.load_state_dict` (their partial work is lost with the process)."""
 
 
 @dataclass(frozen=True)
@@ -555,8 +562,19 @@ class _Deadlines:
                     self.expire(m)
 
 
-_Item = tuple[Any, WorkflowProtocol, ShouldAccept | None, int]
-"""``(data, workflow, should_accept_fn, retries)``: ``retries`` counts proactive-filter retries."""
+_Item = tuple[Any, WorkflowProtocol, ShouldAccept | None, int, int]
+"""``(data, workflow, should_accept_fn, retries, sample_index)``: ``retries`` counts
+proactive-filter retries; the sample index numbers items in intake order."""
+
+STATE_FORMAT = 1
+"""The format of :meth:`WorkflowExecutor.state_dict`; :meth:`~WorkflowExecutor.load_state_dict`
+refuses any other."""
+
+OUTCOMES = ("filtered", "failed", "dropped", "surplus", "stopped")
+"""How an item can end without being trained (:meth:`WorkflowExecutor.drain_outcomes`)."""
+
+# Release causes after which the item goes on (queued again, or the state is being torn down).
+_NOT_AN_OUTCOME = frozenset({"retried", "resumed", "shutdown"})
 _Payload = tuple[tuple[MemberResult, tuple[int, ...] | None, bool], ...]
 
 
@@ -569,6 +587,7 @@ class _Source:
         self.dataloader = dataloader
         self.workflow = workflow
         self.accept = accept
+        self.drawn = 0  # items taken from the loader (cycled), for resuming at the same place
         self._items = self._cycle()
 
     def _cycle(self) -> Iterator[Any]:
@@ -589,8 +608,16 @@ class _Source:
                     "items; pass a non-empty, re-iterable data loader"
                 )
 
-    def next_item(self) -> _Item:
-        return (next(self._items), self.workflow, self.accept, 0)
+    def next_item(self, sample_index: int) -> _Item:
+        data = next(self._items)
+        self.drawn += 1
+        return (data, self.workflow, self.accept, 0, sample_index)
+
+    def skip(self, count: int) -> None:
+        """Draw and discard ``count`` items: continue a resumed run where its loader stood."""
+        for _ in range(count):
+            next(self._items)
+        self.drawn += count
 
 
 class WorkflowExecutor:
@@ -645,7 +672,13 @@ class WorkflowExecutor:
         self._paused = False
         self._stopped: RolloutError | None = None
         self._source_error: Exception | None = None
-        self._ids = itertools.count()
+        self._next_gid = 0
+        # Sample indices: taken under a lock, since submit() runs on callers' threads.
+        self._intake_lock = threading.Lock()
+        self._next_sample = 0
+        self._sample_of: dict[Hashable, int] = {}  # group id → sample index, until settled
+        self._outcomes: list[tuple[int, str]] = []  # settled untrained, not yet drained
+        self._resume_skip: int | None = None  # data-loader items to skip after load_state_dict
         self._recent: deque[str] = deque(maxlen=_RECENT_FAILURES)
         self._member_failures: Counter[str] = Counter()
         self._cancelled: Counter[str] = Counter()
@@ -813,7 +846,9 @@ class WorkflowExecutor:
                 "get_capacity() allows, take results with wait()/prepare_batch(), or raise "
                 "rollout.queue_size"
             )
-        self._inbox.append((data, workflow, should_accept_fn, 0))
+        with self._intake_lock:
+            self._inbox.append((data, workflow, should_accept_fn, 0, self._next_sample))
+            self._next_sample += 1
         self._kick_threadsafe()
 
     def wait(self, count: int, timeout: float | None = None) -> list[Trajectory]:
@@ -899,6 +934,50 @@ class WorkflowExecutor:
             raise ProtocolError("run_coroutine(): call it from outside the executor's loop thread")
         assert self._loop is not None
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def drain_outcomes(self) -> list[tuple[int, str]]:
+        """Items that ended without being trained since the last call, as ``(sample_index,
+        outcome)`` with the outcome one of :data:`OUTCOMES`. With the sample indices of the
+        trajectories handed out, every item taken in is accounted for once: trained, one of
+        these, or still pending (in :meth:`state_dict`). Retried items are not ended."""
+        return self._call(self._drain_outcomes)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a restarted executor needs to continue exactly here (:meth:`load_state_dict`).
+
+        Taken in one hop on the loop thread, so it is consistent: the policy's snapshot (the
+        buffers' reservations, and the completed groups with their results), the items of the
+        groups running now and of the input queue (data and retry counts), the consumed groups not
+        yet handed out, the data loader's position, the outcomes not yet drained and every
+        counter. Running episodes are not interrupted. The workflows' data and results must be
+        picklable to be saved (``torch.save`` or ``pickle``); workflows and filters are not saved.
+        """
+        return self._call(self._state_dict)
+
+    def load_state_dict(
+        self,
+        state: Mapping[str, Any],
+        workflow: WorkflowProtocol,
+        should_accept_fn: ShouldAccept | None = None,
+    ) -> None:
+        """Continue from :meth:`state_dict` output; call it after :meth:`initialize`, before
+        anything is submitted.
+
+        Completed groups go back into their buffers (or the capacity policy's queue) at their
+        versions; groups that were running are aborted in the policy (cause ``resumed``, counted
+        as ``resumed_groups``) and their items queued first, to be generated again from the start
+        at the current version; then the queued items; the next :meth:`prepare_batch` skips the
+        items its data loader had already yielded. Re-dispatched items run ``workflow`` (and
+        ``should_accept_fn``). Sample indices, group ids and counters continue. A state of another
+        format or policy raises :class:`ProtocolError` and changes nothing.
+        """
+        self._require_running()
+        if not callable(getattr(workflow, "arun_episode", None)):
+            raise ProtocolError(
+                f"load_state_dict(workflow={workflow!r}): a workflow must have an async "
+                "arun_episode(engine, data) method"
+            )
+        self._call(self._load_state, state, workflow, should_accept_fn)
 
     # ------------------------------------------------------------------ thread plumbing
 
@@ -1051,7 +1130,9 @@ class WorkflowExecutor:
                 if self._source is None:
                     return head
                 try:
-                    inbox.append(self._source.next_item())
+                    with self._intake_lock:
+                        inbox.append(self._source.next_item(self._next_sample))
+                        self._next_sample += 1
                 except Exception as e:  # the data loader failed: the trainer hears of it
                     self._source = None
                     self._source_error = e
@@ -1059,7 +1140,8 @@ class WorkflowExecutor:
                     return head
             if budget is not None:
                 budget -= 1
-            gid = next(self._ids)
+            gid = self._next_gid
+            self._next_gid = gid + 1
             with guard:
                 admission = policy.try_admit(gid, version)
             if admission is None:
@@ -1080,6 +1162,7 @@ class WorkflowExecutor:
         assert loop is not None
         group = _Group(gid, item, version, loop.time())
         self._groups[gid] = group
+        self._sample_of[gid] = item[4]
         self._arm_timers()
         if self._drive_manager:
             assert self.staleness_manager is not None
@@ -1269,8 +1352,9 @@ class WorkflowExecutor:
             if self._drive_manager:
                 assert self.staleness_manager is not None
                 self.staleness_manager.on_rollout_accepted()
-        else:
+        else:  # counted here; the consume that reports it again skips it
             self._n["dropped_groups"] += 1
+            self._settle_sample(group.gid, "dropped")
         self._notify()
         self._kick()
         self._check_head()
@@ -1363,8 +1447,8 @@ class WorkflowExecutor:
             self._cancel_members(group, "retried")
             self._release(group.gid, "retried")
             self._n["retried_groups"] += 1
-            data, workflow, accept, retries = group.item
-            items.append((data, workflow, accept, retries + 1))
+            data, workflow, accept, retries, sample = group.item
+            items.append((data, workflow, accept, retries + 1, sample))
         with self._guard:
             moved = buf.pull_forward()
         self._n["pulled_forward_groups"] += len(moved)
@@ -1515,6 +1599,7 @@ class WorkflowExecutor:
         assert policy is not None
         with self._guard:
             policy.abort(gid, cause)
+        self._settle_sample(gid, "failed" if cause == "bad_versions" else cause)
         if self._stragglers is not None:
             self._stragglers.forget(gid)
         if self._drive_manager:
@@ -1632,17 +1717,31 @@ class WorkflowExecutor:
                 if self._stragglers is not None:
                     self._stragglers.forget(gid)
                 self._n["surplus_groups"] += 1
-            self._n["dropped_groups"] += len(batch.dropped)
+                self._settle_sample(gid, "surplus")
+            for gid in batch.dropped:
+                if gid in self._sample_of:  # not counted yet (the capacity policy counts at once)
+                    self._n["dropped_groups"] += 1
+                    self._settle_sample(gid, "dropped")
             self._n["consumed_batches"] += 1
             out = self._output
             n = 0
+            samples = self._sample_of
             for g in batch.groups:
                 gid = cast(int, g.group_id)
                 members: _Payload = g.payload
+                sample = samples.pop(gid, -1)
                 out.append(
                     tuple(
                         Trajectory(
-                            r.result, gid, r.member.number, r.version, v, v - r.version, tv, cut
+                            r.result,
+                            gid,
+                            r.member.number,
+                            r.version,
+                            v,
+                            v - r.version,
+                            tv,
+                            cut,
+                            sample,
                         )
                         for r, tv, cut in members
                     )
@@ -1705,9 +1804,141 @@ class WorkflowExecutor:
     def _set_source(self, new: _Source) -> None:
         src = self._source
         if src is None or src.dataloader is not new.dataloader:
+            skip, self._resume_skip = self._resume_skip, None
+            if skip:
+                new.skip(skip)
             self._source = new
         else:  # the same loader: continue where it is, with this call's workflow
             src.workflow, src.accept = new.workflow, new.accept
+        self._kick()
+
+    def _settle_sample(self, gid: Hashable, cause: str) -> None:
+        sample = self._sample_of.pop(gid, None)
+        if sample is not None and cause not in _NOT_AN_OUTCOME:
+            self._outcomes.append((sample, cause if cause in OUTCOMES else "failed"))
+
+    def _drain_outcomes(self) -> list[tuple[int, str]]:
+        out, self._outcomes = self._outcomes, []
+        return out
+
+    def _state_dict(self) -> dict[str, Any]:
+        policy = self._require_policy()
+        with self._guard:
+            snapshot = policy.snapshot()
+        with self._intake_lock:
+            queued = [(item[4], item[0], item[3]) for item in self._inbox]
+            next_sample = self._next_sample
+        running = sorted(self._groups.items())
+        drawn = self._source.drawn if self._source is not None else (self._resume_skip or 0)
+        return {
+            "format": STATE_FORMAT,
+            "policy": policy.name,
+            "version": policy.version,
+            "policy_state": snapshot,
+            # in admission order, then the input queue: the order they are dispatched again in
+            "pending": [(g.item[4], g.item[0], g.item[3]) for _, g in running] + queued,
+            "running_groups": [gid for gid, _ in running],
+            # the sample indices of the completed groups the policy holds
+            "samples": {g: i for g, i in self._sample_of.items() if g not in self._groups},
+            "waiting": list(self._output),
+            "loader_position": drawn,
+            "next_sample": next_sample,
+            "next_group_id": self._next_gid,
+            "outcomes": list(self._outcomes),
+            "counters": {
+                "events": dict(self._n),
+                "member_failures": dict(self._member_failures),
+                "cancelled_members": dict(self._cancelled),
+                "aborted_requests": dict(self._aborted_requests),
+                "aborted_tokens": dict(self._aborted_tokens),
+                "discarded_members": dict(self._discarded),
+                "launched_members": self._launched,
+                "finished_members": self._finished,
+            },
+        }
+
+    def _load_state(
+        self, state: Mapping[str, Any], workflow: WorkflowProtocol, accept: ShouldAccept | None
+    ) -> None:
+        policy = self._require_policy()
+        if self._next_gid or self._groups or self._inbox or self._output or self._source:
+            raise ProtocolError(
+                "load_state_dict(): the executor has already taken work; load the state right "
+                "after initialize(), before submit() or prepare_batch()"
+            )
+        try:
+            fmt = state["format"]
+            if fmt != STATE_FORMAT:
+                raise ProtocolError(
+                    f"load_state_dict(): state format {fmt!r} is not supported (this stalebound "
+                    f"reads format {STATE_FORMAT}); resume with the version that wrote it"
+                )
+            if state["policy"] != policy.name:
+                raise ProtocolError(
+                    f"load_state_dict(): the state was written under "
+                    f"rollout.staleness_policy={state['policy']!r}, this executor runs "
+                    f"{policy.name!r}; resume with the policy it was written with"
+                )
+            pending = [(int(i), data, int(r)) for i, data, r in state["pending"]]
+            running = [int(gid) for gid in state["running_groups"]]
+            samples: dict[Hashable, int] = {int(gid): int(i) for gid, i in state["samples"].items()}
+            waiting = [tuple(t) for t in state["waiting"]]
+            position = int(state["loader_position"])
+            next_sample, next_gid = int(state["next_sample"]), int(state["next_group_id"])
+            outcomes = [(int(i), str(o)) for i, o in state["outcomes"]]
+            c = state["counters"]
+            counters = [
+                Counter({str(k): int(n) for k, n in c[name].items()})
+                for name in (
+                    "events",
+                    "member_failures",
+                    "cancelled_members",
+                    "aborted_requests",
+                    "aborted_tokens",
+                    "discarded_members",
+                )
+            ]
+            launched, finished = int(c["launched_members"]), int(c["finished_members"])
+            with self._guard:
+                policy.load_snapshot(state["policy_state"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(
+                f"load_state_dict(): the state is damaged or not an executor state "
+                f"({type(exc).__name__}: {exc}); load one written by state_dict()"
+            ) from exc
+        if isinstance(policy, BufferPolicy):
+            self._buffer = policy.buffer
+        with self._guard:
+            for gid in running:  # their episodes died with the old process: run them again
+                if policy.is_running(gid):
+                    policy.abort(gid, "resumed")
+        (
+            self._n,
+            self._member_failures,
+            self._cancelled,
+            self._aborted_requests,
+            self._aborted_tokens,
+            self._discarded,
+        ) = counters
+        self._n["resumed_groups"] += len(running)
+        self._launched, self._finished = launched, finished
+        self._sample_of = samples
+        self._output = deque(waiting)
+        self._outcomes = outcomes
+        self._next_gid = next_gid
+        self._resume_skip = position
+        with self._intake_lock:
+            self._next_sample = next_sample
+            for sample, data, retries in pending:
+                self._inbox.append((data, workflow, accept, retries, sample))
+        logger.info(
+            "resumed at version %d: %d groups waiting in the policy, %d items to dispatch again, "
+            "%d queued",
+            policy.version,
+            len(samples),
+            len(running),
+            len(pending) - len(running),
+        )
         self._kick()
 
     def _set_paused(self, paused: bool) -> None:
@@ -1788,6 +2019,7 @@ class WorkflowExecutor:
             waiting_groups=len(self._output),
             consecutive_failures=self._consecutive,
             dispatch_wakeups=n["dispatch_wakeups"],
+            resumed_groups=n["resumed_groups"],
         )
 
 
