@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 EXTRAS ?= dev,torch,obs
 
-.PHONY: run test test-ray test-vllm lint typecheck check bench bench-vllm setup walkthrough
+.PHONY: run test test-faults test-ray test-vllm lint typecheck check bench bench-vllm setup walkthrough
 
 setup:
 	@bash scripts/bootstrap.sh $(EXTRAS)
@@ -16,7 +16,12 @@ walkthrough: setup
 
 ## The default test suite (what CI runs first).
 test: setup
-	$(PY) -m pytest -q -m "not ray and not vllm"
+	$(PY) -m pytest -q -m "not ray and not vllm and not faults"
+
+## Fault injection on real training runs: SIGKILLed trainers, killed engine workers, failing and
+## hanging workflows, corrupt checkpoints, a read-only and a full disk (a few minutes).
+test-faults: setup
+	$(PY) -m pytest -q -m faults tests/faults
 
 ## The Ray backend's tests, on a private Ray instance bound to 127.0.0.1 (a few minutes).
 test-ray:

@@ -23,6 +23,11 @@ def build_parser() -> argparse.ArgumentParser:
     walk.set_defaults(func=_walkthrough)
     sub.add_parser("train", help="train on the embedded default (stalebound train --help)")
     sub.add_parser("bench", help="the same run at several η side by side (stalebound bench --help)")
+    audit = sub.add_parser(
+        "audit", help="check that every item of a run is accounted for exactly once"
+    )
+    audit.add_argument("run_dir", help="a run directory with a checkpoint")
+    audit.set_defaults(func=_audit)
 
     from stalebound.obs.cli import register as register_plot
 
@@ -38,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _train(argv: Sequence[str]) -> int:
     from stalebound.config import TRAIN_RECIPE, load_config, parse_cli_overrides
-    from stalebound.core.errors import ConfigError
+    from stalebound.core.errors import ConfigError, StaleboundError
 
     if any(a in ("-h", "--help") for a in argv):
         print(TRAIN_HELP)
@@ -46,13 +51,53 @@ def _train(argv: Sequence[str]) -> int:
     try:
         paths, overrides = parse_cli_overrides(argv)
         cfg = load_config([TRAIN_RECIPE, *paths], overrides)
-    except ConfigError as e:
+        if cfg.run.resume:
+            # the run's own settings first; what this command line says still applies on top
+            from stalebound.train.checkpoint import run_dir_of
+
+            run_dir = run_dir_of(cfg.run.resume)
+            saved = run_dir / "config.yaml"
+            if not saved.is_file():
+                print(
+                    f"stalebound train: resume={cfg.run.resume!r}: {saved} does not exist; give "
+                    "the directory of a run written by stalebound train",
+                    file=sys.stderr,
+                )
+                return 2
+            cfg = load_config([saved, *paths], [*overrides, f"run.run_dir={run_dir}"])
+    except StaleboundError as e:
         print(f"stalebound train: {e}", file=sys.stderr)
         return 2
-    from stalebound.train.job import run_training
+    from stalebound.train.job import TrainingInterrupted, run_training
 
-    run_training(cfg)
+    try:
+        run_training(cfg)
+    except TrainingInterrupted as e:
+        print(f"stalebound train: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt:
+        print("stalebound train: interrupted without a checkpoint of this step", file=sys.stderr)
+        return 130
+    except ConfigError as e:  # found once the run starts (an unwritable run directory)
+        print(f"stalebound train: {e}", file=sys.stderr)
+        return 2
+    except StaleboundError as e:  # a bad checkpoint, a full disk, a stopped executor
+        print(f"stalebound train: {e}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from stalebound.core.errors import StaleboundError
+    from stalebound.train.ledger import audit_run
+
+    try:
+        audit = audit_run(args.run_dir)
+    except StaleboundError as e:
+        print(f"stalebound audit: {e}", file=sys.stderr)
+        return 2
+    print(audit.describe())
+    return 0 if audit.ok else 1
 
 
 TRAIN_HELP = """usage: stalebound train [CONFIG.yaml ...] [key.path=value ...] [--flag VALUE ...]
@@ -60,7 +105,10 @@ TRAIN_HELP = """usage: stalebound train [CONFIG.yaml ...] [key.path=value ...] [
 Asynchronous GRPO on the embedded default: warm start, engines in worker processes, the
 staleness buffer between them and the trainer. Every config key is an override (docs/config.md),
 e.g. rollout.max_head_offpolicyness=2 run.steps=40; the seeds' spellings work too:
---max-head-offpolicyness 4 --max-concurrent-rollouts 64, psrl.staleness=2 psrl.rollout_n=8."""
+--max-head-offpolicyness 4 --max-concurrent-rollouts 64, psrl.staleness=2 psrl.rollout_n=8.
+
+Checkpoints go to RUN_DIR/checkpoints (run.checkpoint_every_steps, at the end, and on
+SIGTERM/SIGINT). Continue a run with: stalebound train resume=RUN_DIR [run.steps=100 ...]"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -227,7 +227,26 @@ class RunConfig:
     """The training reward (mean over the last 5 steps) that counts as reached for
     ``time_to_target_s``."""
     checkpoint: bool = True
-    """Write a checkpoint into the run directory at the end."""
+    """Write checkpoints into ``RUN_DIR/checkpoints``: every ``checkpoint_every_steps`` steps and
+    ``checkpoint_every_s`` seconds, at the end, and on SIGTERM/SIGINT (see docs/checkpoints.md)."""
+    checkpoint_every_steps: int = field(
+        default=20,
+        metadata=bounds(ge=0, fix="e.g. 20; 0 writes one only at the end and on a signal"),
+    )
+    """Steps between periodic checkpoints (0: none)."""
+    checkpoint_every_s: float = field(
+        default=600.0, metadata=bounds(ge=0, fix="give seconds, e.g. 600; 0 turns the timer off")
+    )
+    """Seconds between periodic checkpoints, checked after each step (0: no timer)."""
+    keep_checkpoints: int = field(
+        default=2, metadata=bounds(ge=1, fix="keep at least one; 2 (the default) leaves a spare")
+    )
+    """How many of the newest checkpoints to keep; older ones are deleted once a new one is
+    written, so a damaged newest one still leaves an intact one to resume from."""
+    resume: str | None = None
+    """Continue a run: its directory (the newest checkpoint in it) or one checkpoint directory
+    (``RUN_DIR/checkpoints/step-000040``). ``stalebound train resume=RUN_DIR`` reads the run's
+    ``config.yaml`` first; overrides given with it (``run.steps=100``) still apply."""
     plots: bool = True
     """Draw the PNG plots into the run directory at the end."""
     tensorboard: bool = True
@@ -311,6 +330,8 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         # PSRL's two redundancy levels: entries per buffer (B′) and members per group (N′).
         "psrl.redundant_rollout.buffer_size": "rollout.buffer_size",
         "psrl.redundant_rollout.rollout_n": "rollout.group_redundancy",
+        # `stalebound train resume=RUN_DIR` and `--resume RUN_DIR`.
+        "resume": "run.resume",
     }
 )
 """The seeds' spellings, each mapped to its canonical key (accepted in YAML, overrides and flags)."""

@@ -266,6 +266,9 @@ class _TrainerRank:
     def optimizer_state(self) -> Any:
         return self.trainer.optimizer.state_dict()
 
+    def load_optimizer_state(self, state: Any) -> None:
+        self.trainer.optimizer.load_state_dict(state)
+
     def version(self) -> int:
         return self.trainer.version
 
@@ -434,6 +437,11 @@ class _RankOptimizer:
             [self._group.ranks[0].optimizer_state.remote()]
         )[0]
         return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Give every rank this optimizer state (a resumed run's)."""
+        self._group._check_open()
+        self._group._gather([rank.load_optimizer_state.remote(state) for rank in self._group.ranks])
 
 
 def make_ray_trainer(

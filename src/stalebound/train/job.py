@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -33,13 +34,20 @@ from typing import Any
 from rich.console import Console
 
 from stalebound.config import StaleboundConfig, dump_yaml
-from stalebound.core import BufferPolicy, StaleboundError, StalenessPolicy
+from stalebound.core import BufferPolicy, ConfigError, StaleboundError, StalenessPolicy
 from stalebound.engines.protocol import GenerateRequest, GenerateResponse, SamplingParams
 from stalebound.obs.records import BufferRow, buffer_rows
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["EngineEpisode", "TrainResult", "run_training"]
+__all__ = [
+    "EngineEpisode",
+    "RunDirectoryError",
+    "TrainResult",
+    "TrainingFailed",
+    "TrainingInterrupted",
+    "run_training",
+]
 
 
 @dataclass(frozen=True)
@@ -192,13 +200,15 @@ def _make_http_engines(cfg: StaleboundConfig) -> list[Any]:
     ]
 
 
-def _make_engine(cfg: StaleboundConfig, model_dir: Path) -> tuple[Any, Callable[[], None]]:
+def _make_engine(
+    cfg: StaleboundConfig, model_dir: Path, version: int
+) -> tuple[Any, Callable[[], None]]:
     """The engine the workflows use, and how to close it (local engines only; see above)."""
     e = cfg.engine
     if cfg.backend == "ray":
         from stalebound.distributed import make_ray_engine
 
-        router = make_ray_engine(cfg, model_path=str(model_dir))
+        router = make_ray_engine(cfg, model_path=str(model_dir), version=version)
         return router, router.close
     from stalebound.engines.local import LocalEngine
     from stalebound.engines.router import Router
@@ -206,6 +216,7 @@ def _make_engine(cfg: StaleboundConfig, model_dir: Path) -> tuple[Any, Callable[
     engines = [
         LocalEngine(
             model_dir,
+            version=version,
             seed=cfg.seed + i,
             max_batch_size=e.max_batch_size,
             interrupt_mode=e.interrupt_mode,
@@ -236,31 +247,106 @@ def _head_rows(policy: StalenessPolicy) -> tuple[int, list[BufferRow]]:
     return policy.version, []
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+# Settings a resumed run must share with the run that wrote the checkpoint: the executor's state
+# and the data order depend on them.
+_RESUME_KEYS = (
+    "seed",
+    "task",
+    "rollout.staleness_policy",
+    "rollout.max_head_offpolicyness",
+    "rollout.consumer_batch_size",
+    "rollout.max_concurrent_rollouts",
+    "rollout.group_size",
+    "rollout.buffer_size",
+    "rollout.group_redundancy",
+    "rollout.reject_stale_results",
+)
 
 
-def save_checkpoint(run_dir: Path, model: Any, tokenizer: Any, trainer: Any) -> Path:
-    """Model, tokenizer, optimizer and version, written to a temporary directory then renamed."""
-    import torch
+def _resume_settings(cfg: StaleboundConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in _RESUME_KEYS:
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = dataclasses.asdict(value)
+        out[key] = value
+    stored: dict[str, Any] = json.loads(json.dumps(out))  # as a checkpoint holds it (lists)
+    return stored
 
-    final = run_dir / "checkpoint"
-    tmp = run_dir / "checkpoint.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save(
-        {"optimizer": trainer.optimizer.state_dict(), "version": trainer.version},
-        tmp / "trainer_state.pt",
-    )
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    return final
+
+def _continue_hint(run_dir: Path, checkpoint: Path | None) -> str:
+    if checkpoint is None:
+        return "no checkpoint was written, so start a new run"
+    return f"continue from {checkpoint} with: stalebound train resume={run_dir}"
+
+
+class RunDirectoryError(StaleboundError, OSError):
+    """The run directory could not be written (a full disk, say); the message names the last
+    checkpoint to continue from."""
+
+
+class TrainingFailed(StaleboundError, RuntimeError):
+    """The run stopped on an error; the message ends with the checkpoint to continue from."""
+
+
+class TrainingInterrupted(StaleboundError, RuntimeError):
+    """SIGTERM or SIGINT stopped the run after a step; a checkpoint of that step was written."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path, checkpoint: Path | None) -> None:
+        self.signum = signum
+        self.step = step
+        self.run_dir = run_dir
+        self.checkpoint = checkpoint
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"{name} received: stopped after step {step}; {_continue_hint(run_dir, checkpoint)}"
+        )
+
+
+@dataclass
+class _Progress:
+    """The job's running totals, kept in every checkpoint so a resumed run continues them."""
+
+    step: int = 0
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    trained: int = 0
+    waited: float = 0.0
+    max_stale: int = 0
+    violations: int = 0
+    time_to_target: float | None = None
+    wall: float = 0.0
+    """RL-phase seconds spent before this process (the time series continues across resumes)."""
+
+
+class _StopRequest:
+    """The first SIGTERM/SIGINT asks the loop to stop after the current step (with a
+    checkpoint); a second one interrupts at once."""
+
+    def __init__(self, console: Console) -> None:
+        self.signum: int | None = None
+        self._console = console
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt(f"{signal.Signals(signum).name} received twice")
+        self.signum = signum
+        self._console.print(
+            f"[yellow]{signal.Signals(signum).name}: stopping after this step, with a "
+            "checkpoint (send it again to stop at once)[/]"
+        )
 
 
 def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> TrainResult:
@@ -273,47 +359,99 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     from stalebound.obs.metrics import RunLogger
     from stalebound.runtime import WorkflowExecutor
     from stalebound.tasks import make_task
+    from stalebound.train.checkpoint import (
+        atomic_write_text,
+        open_checkpoint,
+        run_dir_of,
+        write_checkpoint,
+    )
+    from stalebound.train.ledger import ItemLedger
     from stalebound.train.rollout import evaluate
     from stalebound.train.trainer import Trainer
     from stalebound.train.warmstart import warm_start
 
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     console = console or Console()
+    # A resumed run checks its checkpoint (every file's checksum) before it starts anything.
+    resume = open_checkpoint(cfg.run.resume) if cfg.run.resume else None
+    saved: dict[str, Any] = resume.job_state() if resume is not None else {}
+    if resume is not None:
+        now = _resume_settings(cfg)
+        changed = [
+            f"{k}: {saved['settings'].get(k)!r} → {now[k]!r}"
+            for k in now
+            if saved["settings"].get(k) != now[k]
+        ]
+        if changed:
+            raise ConfigError(
+                f"resume={cfg.run.resume!r}: the checkpoint was written with other settings "
+                f"({'; '.join(changed)}); resume with the run's own settings (its config.yaml) "
+                "or start a new run"
+            )
     threads = cfg.train.num_threads or 1
     torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
-    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else _default_run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
-
-    # 1-2. the policy, warm-started
-    if cfg.engine.model_path:
-        base_dir = Path(cfg.engine.model_path)
+    if cfg.run.run_dir:
+        run_dir = Path(cfg.run.run_dir)
+    elif resume is not None:
+        run_dir = run_dir_of(resume.path)
     else:
-        base_dir = build_default_model(Path(cfg.engine.cache_dir) / f"default-seed{cfg.seed}")
-    model = load_model(base_dir)
-    tokenizer = load_tokenizer(base_dir)
+        run_dir = _default_run_dir()
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
+    except OSError as exc:
+        raise ConfigError(
+            f"run.run_dir={str(run_dir)!r}: cannot write there ({exc.strerror or exc}); choose a "
+            "writable directory with free space"
+        ) from exc
+
+    # 1-2. the policy, warm-started (or the checkpoint's)
     task = make_task(cfg.task)
     samples = list(task.samples())
     rng = random.Random(cfg.seed)
     eval_set = rng.sample(samples, min(cfg.run.eval_prompts, len(samples)))
-    ws = warm_start(
-        model,
-        tokenizer,
-        task,
-        cfg.train.warm_start_steps,
-        batch_size=cfg.train.warm_start_batch_size,
-        lr=cfg.train.warm_start_lr,
-        seed=cfg.train.seed,
-    )
-    eval_before = evaluate(model, tokenizer, task, eval_set)["acc"]
-    policy_dir = run_dir / "policy-v0"
-    model.save_pretrained(policy_dir)
-    tokenizer.save_pretrained(policy_dir)
-    console.print(
-        f"warm start: {ws.steps} steps in {ws.seconds:.1f}s, loss {ws.first_loss:.3f} → "
-        f"{ws.last_loss:.3f}; greedy accuracy {eval_before:.3f}"
-    )
+    order = list(samples)
+    rng.shuffle(order)
+    progress = _Progress()
+    if resume is not None:
+        policy_dir = resume.path
+        model = load_model(policy_dir)
+        tokenizer = load_tokenizer(policy_dir)
+        progress = _Progress(**saved["progress"])
+        eval_before = float(saved["eval_before"])
+        warm_start_s = float(saved["warm_start_s"])
+        console.print(
+            f"resuming {run_dir} from {resume.path.name}: step {resume.step}, version "
+            f"{resume.version}"
+        )
+    else:
+        if cfg.engine.model_path:
+            base_dir = Path(cfg.engine.model_path)
+        else:
+            base_dir = build_default_model(Path(cfg.engine.cache_dir) / f"default-seed{cfg.seed}")
+        model = load_model(base_dir)
+        tokenizer = load_tokenizer(base_dir)
+        ws = warm_start(
+            model,
+            tokenizer,
+            task,
+            cfg.train.warm_start_steps,
+            batch_size=cfg.train.warm_start_batch_size,
+            lr=cfg.train.warm_start_lr,
+            seed=cfg.train.seed,
+        )
+        eval_before = evaluate(model, tokenizer, task, eval_set)["acc"]
+        warm_start_s = ws.seconds
+        policy_dir = run_dir / "policy-v0"
+        model.save_pretrained(policy_dir)
+        tokenizer.save_pretrained(policy_dir)
+        console.print(
+            f"warm start: {ws.steps} steps in {ws.seconds:.1f}s, loss {ws.first_loss:.3f} → "
+            f"{ws.last_loss:.3f}; greedy accuracy {eval_before:.3f}"
+        )
+    start_version = resume.version if resume is not None else 0
 
     # 3-4. engines and the executor
     http = cfg.engine.kind != "local"
@@ -324,23 +462,14 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
         raw_engine: Any = clients[0] if len(clients) == 1 else Router(clients)
         close_engines: Callable[[], None] = lambda: None  # noqa: E731 - closed on the loop below
     else:
-        raw_engine, close_engines = _make_engine(cfg, policy_dir)
+        raw_engine, close_engines = _make_engine(cfg, policy_dir, start_version)
     engine = BusyMeter(raw_engine)
     executor = WorkflowExecutor(cfg.rollout, engine).initialize()
     if http:
         for client in clients:
             executor.run_coroutine(client.start())
-        # the servers serve engine.model_path; the warm-started weights replace them as version 0
-        executor.run_coroutine(engine.update_weights(policy_dir, 0))
-    trainer: Any
-    if cfg.backend == "ray":
-        from stalebound.distributed import make_ray_trainer
-
-        pad = tokenizer.pad_token_id
-        pad = tokenizer.eos_token_id if pad is None else pad
-        trainer = make_ray_trainer(cfg, policy_dir, pad_token_id=pad)
-    else:
-        trainer = Trainer(model, tokenizer, cfg.train, version=0)
+        # the servers serve engine.model_path; the job's weights replace them
+        executor.run_coroutine(engine.update_weights(policy_dir, start_version))
     sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p)
     recorder = None
     if cfg.run.trace:
@@ -348,10 +477,25 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
 
         meta = {"task": cfg.task.name, "staleness": cfg.rollout.max_head_offpolicyness}
         header = TraceHeader(source="runtime", group_size=cfg.rollout.group_size, meta=meta)
-        recorder = TraceRecorder(run_dir / "trace.jsonl", header)
+        name = "trace.jsonl" if resume is None else f"trace-from-step-{resume.step}.jsonl"
+        recorder = TraceRecorder(run_dir / name, header)
     workflow = EngineEpisode(task, tokenizer, sampling, recorder)
-    order = list(samples)
-    rng.shuffle(order)
+    if resume is not None:
+        executor.load_state_dict(resume.rollout_state(), workflow)
+    trainer: Any
+    if cfg.backend == "ray":
+        from stalebound.distributed import make_ray_trainer
+
+        pad = tokenizer.pad_token_id
+        pad = tokenizer.eos_token_id if pad is None else pad
+        trainer = make_ray_trainer(cfg, policy_dir, pad_token_id=pad, version=start_version)
+    else:
+        trainer = Trainer(model, tokenizer, cfg.train, version=start_version)
+    if resume is not None:
+        state = resume.trainer_state()
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
 
     def publish(state_dict: Any, version: int) -> None:
         source: Any = state_dict
@@ -365,7 +509,14 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
         executor.set_version(version)
 
     trainer.publish(publish)
-    logger = RunLogger(run_dir, tensorboard=cfg.run.tensorboard)
+    resume_step = resume.step if resume is not None else None
+    logger = RunLogger(
+        run_dir,
+        tensorboard=cfg.run.tensorboard,
+        resume=resume is not None,
+        resume_step=resume_step,
+    )
+    ledger = ItemLedger(run_dir, resume_step=resume_step)
     view = LiveView(console, staleness=cfg.rollout.max_head_offpolicyness, live=cfg.run.live)
     eta = cfg.rollout.max_head_offpolicyness
     stop_sampling = threading.Event()
@@ -377,68 +528,144 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
             except StaleboundError:  # the executor stopped or is shutting down
                 return
             if rows:
-                logger.log_buffers(None, version, rows)
+                try:
+                    logger.log_buffers(None, version, rows)
+                except OSError as exc:  # the disk is full: the trainer's next write says so
+                    _log.warning("buffer samples stopped: %s", exc)
+                    return
                 view.update_buffers(rows, version=version)
 
-    rewards: list[float] = []
-    trained = 0
-    waited = 0.0
-    max_stale = 0
-    violations = 0
-    time_to_target: float | None = None
+    def checkpoint(step: int) -> Path:
+        rollout_state = executor.state_dict()  # first: the executor keeps running meanwhile
+        if cfg.backend == "ray":  # the ranks hold the trained weights
+            model.load_state_dict(dict(trainer.state_dict_for_engines()))
+        progress.wall = time.monotonic() - start
+        trainer_state = {
+            "optimizer": trainer.optimizer.state_dict(),
+            "version": trainer.version,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+        }
+        job_state = {
+            "progress": dataclasses.asdict(progress),
+            "eval_before": eval_before,
+            "warm_start_s": warm_start_s,
+            "settings": _resume_settings(cfg),
+        }
+
+        def save_model(directory: Path) -> None:
+            model.save_pretrained(directory)
+            tokenizer.save_pretrained(directory)
+
+        return write_checkpoint(
+            run_dir,
+            step,
+            trainer.version,
+            save_model=save_model,
+            trainer_state=trainer_state,
+            rollout_state=rollout_state,
+            job_state=job_state,
+            keep=cfg.run.keep_checkpoints,
+        )
+
+    every_steps, every_s = cfg.run.checkpoint_every_steps, cfg.run.checkpoint_every_s
     sampler = threading.Thread(target=sample_buffers, name="stalebound-buffers", daemon=True)
     engine.reset()
-    start = time.monotonic()
+    start = time.monotonic() - progress.wall
+    last_checkpoint = time.monotonic()
+    checkpoint_s = 0.0
+    written: Path | None = resume.path if resume is not None else None
+    stop = _StopRequest(console)
     try:
-        view.start()
-        sampler.start()
-        for step in range(1, cfg.run.steps + 1):
-            t0 = time.monotonic()
-            batch = executor.prepare_batch(order, workflow)
-            waited += time.monotonic() - t0
-            groups: dict[int, list[Any]] = {}
-            staleness: list[int] = []
-            consumed_version = batch[0].consumed_version
-            for t in batch:
-                traj = t.data
-                traj.version = t.version
-                groups.setdefault(t.group_id, []).append(traj)
-                staleness.append(t.staleness)
-            t1 = time.monotonic()
-            stats = trainer.step(list(groups.values()), batch_version=consumed_version)
-            t2 = time.monotonic()
-            trained += len(batch)
-            max_stale = max(max_stale, *staleness)
-            violations += sum(1 for s in staleness if s > eta)
-            elapsed = time.monotonic() - start
-            metrics = {k: v for k, v in stats.as_dict().items() if k not in ("version", "step")}
-            rewards.append(metrics.get("reward_mean", 0.0))
-            recent = rewards[-5:]
-            if time_to_target is None and sum(recent) / len(recent) >= cfg.run.target_reward:
-                time_to_target = elapsed
-            es = executor.statistics()
-            metrics.update(
-                trajectories_per_s=trained / elapsed,
-                trainer_idle_fraction=waited / elapsed,
-                wait_s=t1 - t0,
-                step_and_publish_s=t2 - t1,
-                engine_idle_fraction=engine.idle_fraction(),
-                # typed fields, not getattr: a misspelt counter must fail the type check, not
-                # log a silent zero
-                filtered_groups=float(es.filtered_groups),
-                failed_groups=float(es.failed_groups),
-                retried_groups=float(es.retried_groups),
-                truncated_groups=float(es.truncated_groups),
-                dropped_groups=float(es.dropped_groups),
-                surplus_groups=float(es.surplus_groups),
-                aborted_tokens=float(sum(es.aborted_tokens.values())),
-                stuck_seconds=es.stuck_seconds,
-            )
-            logger.log_step(metrics, version=trainer.version, staleness=staleness)
-            rows = executor.inspect_policy(_head_rows)[1]
-            view.update_step(step, trainer.version, metrics, rows=rows or None)
-            _log.debug("step %d bookkeeping %.3fs", step, time.monotonic() - t2)
+        with stop:
+            view.start()
+            sampler.start()
+            for step in range(progress.step + 1, cfg.run.steps + 1):
+                t0 = time.monotonic()
+                batch = executor.prepare_batch(order, workflow)
+                progress.waited += time.monotonic() - t0
+                groups: dict[int, list[Any]] = {}
+                staleness: list[int] = []
+                consumed_version = batch[0].consumed_version
+                for t in batch:
+                    traj = t.data
+                    traj.version = t.version
+                    groups.setdefault(t.group_id, []).append(traj)
+                    staleness.append(t.staleness)
+                t1 = time.monotonic()
+                stats = trainer.step(list(groups.values()), batch_version=consumed_version)
+                t2 = time.monotonic()
+                progress.step = step
+                progress.trained += len(batch)
+                progress.max_stale = max(progress.max_stale, *staleness)
+                progress.violations += sum(1 for s in staleness if s > eta)
+                ledger.record(step, (t.sample_index for t in batch), executor.drain_outcomes())
+                elapsed = time.monotonic() - start
+                metrics = {k: v for k, v in stats.as_dict().items() if k not in ("version", "step")}
+                rewards = progress.rewards
+                rewards.append(metrics.get("reward_mean", 0.0))
+                recent = rewards[-5:]
+                reached = sum(recent) / len(recent) >= cfg.run.target_reward
+                if progress.time_to_target is None and reached:
+                    progress.time_to_target = elapsed
+                es = executor.statistics()
+                metrics.update(
+                    trajectories_per_s=progress.trained / elapsed,
+                    trainer_idle_fraction=progress.waited / elapsed,
+                    wait_s=t1 - t0,
+                    step_and_publish_s=t2 - t1,
+                    checkpoint_s=checkpoint_s,
+                    engine_idle_fraction=engine.idle_fraction(),
+                    # typed fields, not getattr: a misspelt counter must fail the type check,
+                    # not log a silent zero
+                    filtered_groups=float(es.filtered_groups),
+                    failed_groups=float(es.failed_groups),
+                    failed_members=float(sum(es.member_failures.values())),
+                    timed_out_members=float(es.member_failures.get("timeout", 0)),
+                    retried_groups=float(es.retried_groups),
+                    truncated_groups=float(es.truncated_groups),
+                    dropped_groups=float(es.dropped_groups),
+                    surplus_groups=float(es.surplus_groups),
+                    resumed_groups=float(es.resumed_groups),
+                    aborted_tokens=float(sum(es.aborted_tokens.values())),
+                    stuck_seconds=es.stuck_seconds,
+                )
+                logger.log_step(metrics, version=trainer.version, staleness=staleness)
+                rows = executor.inspect_policy(_head_rows)[1]
+                view.update_step(step, trainer.version, metrics, rows=rows or None)
+                checkpoint_s = 0.0
+                due = (
+                    step == cfg.run.steps
+                    or stop.signum is not None
+                    or (every_steps and step % every_steps == 0)
+                    or (every_s and time.monotonic() - last_checkpoint >= every_s)
+                )
+                if cfg.run.checkpoint and due:
+                    t3 = time.monotonic()
+                    written = checkpoint(step)
+                    last_checkpoint = time.monotonic()
+                    checkpoint_s = last_checkpoint - t3
+                    _log.info("checkpoint %s in %.2fs", written, checkpoint_s)
+                if stop.signum is not None:
+                    break
+                _log.debug("step %d bookkeeping %.3fs", step, time.monotonic() - t2)
+    except OSError as exc:  # the run directory's disk: full, gone read-only, ...
+        raise RunDirectoryError(
+            f"writing to the run directory {run_dir} failed at step {progress.step + 1}: "
+            f"{exc.strerror or exc} ({exc.filename or run_dir}); free space there, then "
+            + _continue_hint(run_dir, written)
+        ) from exc
+    except StaleboundError as exc:  # the engines, the executor, a checkpoint write
+        raise TrainingFailed(
+            f"{exc}\nthe run stopped at step {progress.step + 1}; "
+            + _continue_hint(run_dir, written)
+        ) from exc
+    except BaseException:
+        _log.error(
+            "the run stopped at step %d; %s", progress.step + 1, _continue_hint(run_dir, written)
+        )
+        raise
     finally:
+        failing = sys.exc_info()[0] is not None
         stop_sampling.set()
         view.stop()
         if http:
@@ -446,25 +673,36 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
                 executor.run_coroutine(client.aclose())
         executor.destroy()
         close_engines()
-        if recorder is not None:
-            recorder.close()
-        if cfg.backend == "ray" and sys.exc_info()[0] is not None:
+        closers = [ledger.close] + ([recorder.close] if recorder is not None else [])
+        if failing:
+            closers.append(logger.close)
+            if cfg.backend == "ray":
+                closers.append(trainer.close)
+        for close in closers:
+            try:
+                close()
+            except OSError as exc:  # a full disk already reported; the checkpoint is what counts
+                if not failing:
+                    raise
+                _log.warning("closing %s: %s", close, exc)
+    if stop.signum is not None:
+        logger.close()
+        if cfg.backend == "ray":
             trainer.close()
+        raise TrainingInterrupted(stop.signum, progress.step, run_dir, written)
     wall = time.monotonic() - start
     if cfg.backend == "ray":
-        # the ranks trained the policy: bring it here for the evaluation and the checkpoint
+        # the ranks trained the policy: bring it here for the evaluation
         model.load_state_dict(dict(trainer.state_dict_for_engines()))
+        trainer.close()
     eval_after = evaluate(model, tokenizer, task, eval_set)["acc"]
     logger.close()
-    if cfg.run.checkpoint:
-        save_checkpoint(run_dir, model, tokenizer, trainer)
-    if cfg.backend == "ray":
-        trainer.close()
     if cfg.run.plots:
         from stalebound.obs.plots import plot_run
 
         plot_run(run_dir)
     console.print(summary_table(logger.summary()))
+    rewards = progress.rewards
     first, last = rewards[:5], rewards[-5:]
     result = TrainResult(
         run_dir=str(run_dir),
@@ -473,22 +711,22 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
         policy=cfg.rollout.staleness_policy,
         eval_before=eval_before,
         eval_after=eval_after,
-        reward_first=sum(first) / len(first),
-        reward_last=sum(last) / len(last),
-        max_staleness=max_stale,
-        violations=violations,
+        reward_first=sum(first) / max(1, len(first)),
+        reward_last=sum(last) / max(1, len(last)),
+        max_staleness=progress.max_stale,
+        violations=progress.violations,
         wall_s=wall,
-        trajectories_per_s=trained / wall,
-        trainer_idle_fraction=waited / wall,
+        trajectories_per_s=progress.trained / wall,
+        trainer_idle_fraction=progress.waited / wall,
         engine_idle_fraction=engine.idle_fraction(),
-        time_to_target_s=time_to_target,
-        warm_start_s=ws.seconds,
+        time_to_target_s=progress.time_to_target,
+        warm_start_s=warm_start_s,
     )
-    _atomic_write_text(run_dir / "summary.json", json.dumps(dataclasses.asdict(result), indent=2))
+    atomic_write_text(run_dir / "summary.json", json.dumps(dataclasses.asdict(result), indent=2))
     console.print(
         f"[bold]reward {result.reward_first:.3f} → {result.reward_last:.3f}[/], greedy accuracy "
-        f"{eval_before:.3f} → {eval_after:.3f}; max staleness {max_stale} (η = {eta}), "
-        f"{violations} violations; {result.trajectories_per_s:.0f} trajectories/s; "
+        f"{eval_before:.3f} → {eval_after:.3f}; max staleness {progress.max_stale} (η = {eta}), "
+        f"{progress.violations} violations; {result.trajectories_per_s:.0f} trajectories/s; "
         f"run directory {run_dir}"
     )
     return result

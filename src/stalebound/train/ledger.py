@@ -1,0 +1,152 @@
+"""What became of every item the executor took in: ``RUN_DIR/ledger.jsonl`` and its audit.
+
+The executor numbers items in the order it takes them in (``Trajectory.sample_index``). After each
+training step the job appends one line::
+
+    {"step": 12, "trained": [310, 311, ...], "ended": {"filtered": [305], "failed": []}}
+
+— the items of the groups trained in that step, and those that ended untrained since the last
+line (:meth:`~stalebound.runtime.WorkflowExecutor.drain_outcomes`). A resumed run first cuts the
+file back to the step of its checkpoint, as it does the metrics. :func:`audit_run` then checks the
+whole lineage: each item taken in (``0 … next_sample − 1`` of the newest checkpoint) appears
+exactly once — trained, ended, or pending in that checkpoint (queued, running, or completed and
+waiting in a buffer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["LEDGER_FILE", "Audit", "ItemLedger", "audit_run"]
+
+LEDGER_FILE = "ledger.jsonl"
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    """The complete lines (a line cut short by a crash is left out)."""
+    if not path.exists():
+        return []
+    lines = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            break
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            break
+        lines.append(record)
+    return lines
+
+
+class ItemLedger:
+    """Appends one line per step to ``RUN_DIR/ledger.jsonl``.
+
+    ``resume_step``: continue a run restarted from the checkpoint of that step; lines after it
+    (work the restart redoes) are removed first. Without it the file must not exist yet.
+    """
+
+    def __init__(self, run_dir: str | Path, *, resume_step: int | None = None) -> None:
+        self.path = Path(run_dir) / LEDGER_FILE
+        if resume_step is None:
+            if self.path.exists() and self.path.stat().st_size:
+                from stalebound.core import ConfigError
+
+                raise ConfigError(
+                    f"run_dir={str(self.path.parent)!r}: already holds {LEDGER_FILE}; resume the "
+                    "run (resume=RUN_DIR) or choose a new directory"
+                )
+        else:
+            kept = [r for r in _read(self.path) if r["step"] <= resume_step]
+            tmp = self.path.with_name(f".{LEDGER_FILE}.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+            os.replace(tmp, self.path)
+        self._file: IO[str] = self.path.open("a", encoding="utf-8")
+
+    def record(self, step: int, trained: Iterable[int], ended: Iterable[tuple[int, str]]) -> None:
+        by_outcome: dict[str, list[int]] = {}
+        for index, outcome in ended:
+            by_outcome.setdefault(outcome, []).append(index)
+        line = {"step": step, "trained": sorted(set(trained)), "ended": by_outcome}
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass(frozen=True)
+class Audit:
+    """Every item of a run's lineage, counted once by what became of it."""
+
+    step: int
+    """The step of the checkpoint audited against."""
+    taken: int
+    """Items taken in (numbered ``0 … taken − 1``)."""
+    trained: int
+    ended: Mapping[str, int]
+    """Items that ended untrained, by outcome (filtered, failed, dropped, surplus, stopped)."""
+    pending: int
+    """Items still queued, running or waiting in a buffer at the checkpoint."""
+    duplicates: tuple[int, ...] = field(default=())
+    """Items accounted for more than once (trained twice, say)."""
+    missing: tuple[int, ...] = field(default=())
+    """Items taken in and accounted for nowhere (lost)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.duplicates and not self.missing
+
+    def describe(self) -> str:
+        ended = ", ".join(f"{n} {k}" for k, n in sorted(self.ended.items()) if n) or "none ended"
+        verdict = (
+            "each accounted for exactly once"
+            if self.ok
+            else f"{len(self.duplicates)} counted twice {list(self.duplicates)[:10]}, "
+            f"{len(self.missing)} lost {list(self.missing)[:10]}"
+        )
+        return (
+            f"step {self.step}: {self.taken} items taken in — {self.trained} trained, {ended}, "
+            f"{self.pending} pending; {verdict}"
+        )
+
+
+def audit_run(run_dir: str | Path) -> Audit:
+    """Check the ledger of ``run_dir`` against its newest checkpoint (see the module docstring).
+    Raises :class:`~stalebound.train.checkpoint.CheckpointError` without a usable checkpoint."""
+    from stalebound.train.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(run_dir)
+    state = ckpt.rollout_state()
+    seen: Counter[int] = Counter()
+    trained = 0
+    ended: Counter[str] = Counter()
+    for record in _read(Path(run_dir) / LEDGER_FILE):
+        if record["step"] > ckpt.step:
+            break
+        seen.update(record["trained"])
+        trained += len(record["trained"])
+        for outcome, items in record["ended"].items():
+            seen.update(items)
+            ended[outcome] += len(items)
+    for index, outcome in state["outcomes"]:  # ended after the checkpoint's line was written
+        seen[index] += 1
+        ended[outcome] += 1
+    pending = [i for i, _, _ in state["pending"]] + list(state["samples"].values())
+    pending += [group[0].sample_index for group in state["waiting"]]
+    seen.update(pending)
+    taken = int(state["next_sample"])
+    return Audit(
+        step=ckpt.step,
+        taken=taken,
+        trained=trained,
+        ended=dict(ended),
+        pending=len(pending),
+        duplicates=tuple(sorted(i for i, n in seen.items() if n > 1)),
+        missing=tuple(i for i in range(taken) if i not in seen),
+    )

@@ -1,0 +1,436 @@
+"""Fault injection on real training runs (``stalebound train`` in its own process, real engine
+workers, real files): after every fault the run either resumes or fails with a message that says
+what happened and how to continue, and then the whole lineage is checked —
+
+* every item the executor took in is accounted for exactly once (``stalebound audit``): trained,
+  ended (filtered, failed, ...), or pending in the newest checkpoint — nothing lost, nothing twice;
+* the metrics hold each step exactly once, in order, across the restarts;
+* no trained trajectory is staler than η;
+* no slot leaked: the buffers' reservations are exactly the groups running at the checkpoint.
+
+Kill points are random; the seed is printed (set ``STALEBOUND_FAULT_SEED`` to replay one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stalebound.core import StalenessBuffer
+from stalebound.train.checkpoint import CheckpointError, open_checkpoint
+from stalebound.train.ledger import audit_run
+
+pytestmark = pytest.mark.faults
+
+ETA = 2
+STEPS = 12
+SEED = int(os.environ.get("STALEBOUND_FAULT_SEED", time.time_ns() % 2**32))
+
+
+@pytest.fixture(scope="module")
+def rng() -> random.Random:
+    print(f"fault seed: STALEBOUND_FAULT_SEED={SEED}")
+    return random.Random(SEED)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+def train_args(run_dir: Path, models: Path, *extra: str) -> list[str]:
+    """A short run of the main job: small batches, frequent checkpoints, nothing drawn."""
+    return [
+        "train",
+        f"run.run_dir={run_dir}",
+        "run.live=false",
+        "run.eval_prompts=16",
+        "run.plots=false",
+        "run.tensorboard=false",
+        "run.trace=false",
+        "train.warm_start_steps=30",
+        f"engine.cache_dir={models}",
+        "rollout.consumer_batch_size=16",
+        "rollout.group_size=4",
+        f"rollout.max_head_offpolicyness={ETA}",
+        "run.checkpoint_every_steps=2",
+        "run.checkpoint_every_s=0",
+        f"run.steps={STEPS}",
+        *extra,
+    ]
+
+
+class Run:
+    """One ``stalebound`` process, its output kept in a log file."""
+
+    def __init__(self, args: list[str], log: Path, tally: dict[str, Any]) -> None:
+        self.log = log
+        self._out = log.open("w")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stalebound", *args],
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        tally["runs"] += 1
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._out.close()
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+def wait_until(cond: Callable[[], bool], run: Run, timeout: float, what: str) -> bool:
+    """Whether ``cond`` came true before the process ended (fails after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if run.proc.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, f"{what} did not happen in {timeout} s:\n{run.output}"
+        time.sleep(0.02)
+    return True
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        try:
+            steps.append(json.loads(line)["step"])
+        except ValueError:
+            break  # a line cut short by the kill
+    return steps
+
+
+def check_lineage(run_dir: Path, tally: dict[str, Any]) -> None:
+    audit = audit_run(run_dir)
+    assert audit.ok, audit.describe()
+    assert audit.step == STEPS and audit.trained > 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    assert max(r["traj_staleness_max"] for r in records) <= ETA
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["violations"] == 0 and summary["steps"] == STEPS
+    state = open_checkpoint(run_dir).rollout_state()
+    buffer = state["policy_state"]["buffer"]
+    reserved = {g["group_id"] for g in buffer["groups"] if "seq" not in g}
+    assert reserved == set(state["running_groups"]), "a reservation without a running group"
+    StalenessBuffer.restore(buffer).check_invariants()
+    tally["items"] += audit.taken
+    tally["violations"] += summary["violations"]
+
+
+def resume(run_dir: Path, tmp: Path, tally: dict[str, Any], n: int, *extra: str) -> Run:
+    tally["resumed"] += 1
+    return Run(["train", f"resume={run_dir}", *extra], tmp / f"resume{n}.log", tally)
+
+
+def test_trainer_killed_at_random_points_resumes_with_nothing_lost(
+    tmp_path: Path, models: Path, rng: random.Random, tally: dict[str, Any]
+) -> None:
+    run_dir = tmp_path / "run"
+    run = Run(train_args(run_dir, models), tmp_path / "first.log", tally)
+    latest = run_dir / "checkpoints" / "latest"
+    kills = 0
+    for n in range(1, 4):
+        if not wait_until(latest.exists, run, 240, "a first checkpoint"):
+            break
+        start = len(logged_steps(run_dir))
+
+        def stepped(start: int = start) -> bool:
+            return len(logged_steps(run_dir)) > start
+
+        # a random moment once this process has trained a step: during generation, a train
+        # step, a weight update, or a checkpoint write
+        if not wait_until(stepped, run, 240, "a step"):
+            break
+        time.sleep(rng.uniform(0.0, 1.5))
+        if run.proc.poll() is not None:
+            break
+        run.proc.send_signal(signal.SIGKILL)
+        assert run.wait() == -signal.SIGKILL
+        kills += 1
+        tally["faults"]["trainer SIGKILL"] += 1
+        run = resume(run_dir, tmp_path, tally, n)
+    assert run.wait() == 0, run.output
+    assert kills >= 1, "every run ended before it could be killed; lengthen the runs"
+    check_lineage(run_dir, tally)
+
+
+def _engine_workers(pid: int) -> list[int]:
+    """The trainer's engine worker processes (its multiprocessing spawn children)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        if ppid == pid and b"spawn_main" in cmdline:
+            out.append(int(proc.name))
+    return out
+
+
+def test_engine_worker_killed_mid_generation_fails_clearly_then_resumes(
+    tmp_path: Path, models: Path, tally: dict[str, Any]
+) -> None:
+    run_dir = tmp_path / "run"
+    run = Run(train_args(run_dir, models), tmp_path / "first.log", tally)
+    assert wait_until(lambda: len(logged_steps(run_dir)) >= 3, run, 240, "three steps")
+    workers = _engine_workers(run.proc.pid)
+    assert workers, "no engine worker found"
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    tally["faults"]["engine worker SIGKILL"] += 1
+    assert run.wait() == 1, run.output
+    out = run.output
+    assert "the worker exited (code -9)" in out, out
+    assert f"stalebound train resume={run_dir}" in out, out
+    tally["failures_reported"] += 1
+    again = resume(run_dir, tmp_path, tally, 1)
+    assert again.wait() == 0, again.output
+    check_lineage(run_dir, tally)
+
+
+def test_failing_and_hanging_workflows_are_counted_and_nothing_is_lost(
+    tmp_path: Path, models: Path, tally: dict[str, Any]
+) -> None:
+    # The workflow raises for 10% of episodes and hangs past rollout.request_timeout for 5%,
+    # chosen per episode from a seeded generator inside the training process.
+    run_dir = tmp_path / "run"
+    script = tmp_path / "faulty.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio, random, sys
+            from stalebound.cli import main
+            from stalebound.train import job
+
+            rng = random.Random({SEED})
+            real = job.EngineEpisode.arun_episode
+
+            async def faulty(self, engine, sample):
+                roll = rng.random()
+                if roll < 0.10:
+                    raise RuntimeError("injected workflow failure")
+                if roll < 0.15:
+                    await asyncio.sleep(3600)  # cut off by rollout.request_timeout
+                return await real(self, engine, sample)
+
+            if __name__ == "__main__":  # not in the engine worker, which imports this file
+                job.EngineEpisode.arun_episode = faulty
+                sys.exit(main(sys.argv[1:]))
+            """
+        )
+    )
+    args = train_args(run_dir, models, "rollout.request_timeout=3")
+    out = tmp_path / "faulty.log"
+    with out.open("w") as f:
+        code = subprocess.run(
+            [sys.executable, str(script), *args], stdout=f, stderr=subprocess.STDOUT, timeout=400
+        ).returncode
+    tally["runs"] += 1
+    assert code == 0, out.read_text()
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    timed_out = int(last["timed_out_members"])
+    raised = int(last["failed_members"]) - timed_out
+    assert raised > 0 and timed_out > 0, last
+    tally["faults"]["workflow raised"] += raised
+    tally["faults"]["workflow timed out"] += timed_out
+    check_lineage(run_dir, tally)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Path:
+    """A finished run with checkpoints at its last two even steps (kept as a pristine copy)."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    from stalebound.cli import main
+
+    assert main(train_args(run_dir, models)) == 0
+    return run_dir
+
+
+def _copy(run_dir: Path, tmp: Path) -> Path:
+    dst = tmp / "run"
+    shutil.copytree(run_dir, dst)
+    return dst
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
+    "flipped byte in the rollout state": (
+        lambda c: _flip_byte(c / "rollout_state.pkl"),
+        "rollout_state.pkl: corrupt checkpoint file: its SHA-256 differs from the manifest's",
+    ),
+    "truncated model weights": (
+        lambda c: (c / "model.safetensors").write_bytes(
+            (c / "model.safetensors").read_bytes()[:100]
+        ),
+        "model.safetensors: corrupt checkpoint file: 100 bytes, the manifest says",
+    ),
+    "deleted optimizer state": (
+        lambda c: (c / "trainer_state.pt").unlink(),
+        "trainer_state.pt: corrupt checkpoint file: missing",
+    ),
+    "garbled manifest": (
+        lambda c: (c / "manifest.json").write_text("{not json"),
+        "manifest.json: unreadable or corrupt",
+    ),
+    "another format": (
+        lambda c: (c / "manifest.json").write_text(
+            json.dumps({**json.loads((c / "manifest.json").read_text()), "format": 99})
+        ),
+        "checkpoint format 99 (written by stalebound '0.1.0'); this stalebound reads format 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_checkpoint_is_refused_with_the_way_out(
+    finished_run: Path, tmp_path: Path, damage: str, tally: dict[str, Any]
+) -> None:
+    run_dir = _copy(finished_run, tmp_path)
+    newest = open_checkpoint(run_dir).path
+    spoil, message = DAMAGE[damage]
+    spoil(newest)
+    tally["faults"][f"checkpoint: {damage}"] += 1
+    with pytest.raises(CheckpointError) as caught:
+        open_checkpoint(run_dir)
+    text = str(caught.value)
+    assert message in text, text
+    if "format" not in damage:
+        earlier = run_dir / "checkpoints" / f"step-{STEPS - 2:06d}"
+        assert f"resume from an earlier checkpoint instead, e.g. resume={earlier}" in text
+    tally["failures_reported"] += 1
+
+
+def test_resume_refuses_a_corrupt_checkpoint_then_continues_from_the_earlier_one(
+    finished_run: Path, tmp_path: Path, models: Path, tally: dict[str, Any]
+) -> None:
+    run_dir = _copy(finished_run, tmp_path)
+    _flip_byte(open_checkpoint(run_dir).path / "rollout_state.pkl")
+    tally["faults"]["checkpoint: corrupt, then resumed"] += 1
+    run = resume(run_dir, tmp_path, tally, 1)
+    assert run.wait() == 1
+    assert "corrupt checkpoint file" in run.output and "resume from an earlier" in run.output
+    tally["failures_reported"] += 1
+    earlier = run_dir / "checkpoints" / f"step-{STEPS - 2:06d}"
+    run = Run(["train", f"resume={earlier}"], tmp_path / "earlier.log", tally)
+    assert run.wait() == 0, run.output
+    check_lineage(run_dir, tally)
+
+
+def _unshare() -> list[str]:
+    """A private mount namespace for the disk faults (root cannot be kept out by permissions)."""
+    if os.geteuid() != 0:
+        return []
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"running as root without user namespaces: {probe.stderr.decode().strip()}")
+    return ["unshare", "-rm"]
+
+
+def test_a_read_only_run_directory_is_refused_before_anything_starts(
+    tmp_path: Path, models: Path, tally: dict[str, Any]
+) -> None:
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    run_dir = parent / "run"
+    args = " ".join(train_args(run_dir, models))
+    wrapper = _unshare()
+    if wrapper:
+        lock = f"mount --bind {parent} {parent} && mount -o remount,bind,ro {parent}"
+    else:
+        parent.chmod(0o555)
+        lock = "true"
+    cmd = f"{lock} && exec {sys.executable} -m stalebound {args}"
+    done = subprocess.run([*wrapper, "sh", "-c", cmd], capture_output=True, text=True, timeout=120)
+    tally["runs"] += 1
+    tally["faults"]["read-only run directory"] += 1
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (
+        f"run.run_dir='{run_dir}': cannot write there (Read-only file system" in done.stderr
+        or f"run.run_dir='{run_dir}': cannot write there (Permission denied" in done.stderr
+    ), done.stderr
+    tally["failures_reported"] += 1
+
+
+def test_a_disk_that_fills_up_mid_run_fails_clearly_and_resumes_once_freed(
+    tmp_path: Path, models: Path, tally: dict[str, Any]
+) -> None:
+    # A small tmpfs is the run's disk: once the first checkpoint is there, a file fills it up;
+    # the run must stop with the reason and the checkpoint to continue from, leave that checkpoint
+    # intact, and continue from it once the file is gone.
+    wrapper = _unshare()
+    if not wrapper:
+        pytest.skip("a size-limited disk needs a mount namespace (run as root with unshare)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    run_dir = disk / "run"
+    keep = tmp_path / "kept"
+    py = f"{sys.executable} -m stalebound"
+    script = tmp_path / "full_disk.sh"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            set -u
+            mount -t tmpfs -o size=64m tmpfs {disk}
+            {py} {" ".join(train_args(run_dir, models, "run.steps=400"))} > {tmp_path}/first.log 2>&1 &
+            pid=$!
+            while [ ! -e {run_dir}/checkpoints/latest ]; do sleep 0.05; done
+            dd if=/dev/zero of={disk}/filler bs=1M 2>/dev/null
+            wait $pid; echo $? > {tmp_path}/first.rc
+            {py} audit {run_dir} > {tmp_path}/audit-full.log 2>&1
+            rm {disk}/filler
+            {py} train resume={run_dir} run.steps={STEPS} > {tmp_path}/resume.log 2>&1
+            echo $? > {tmp_path}/resume.rc
+            cp -r {run_dir} {keep}
+            """
+        )
+    )
+    done = subprocess.run([*wrapper, "bash", str(script)], capture_output=True, timeout=600)
+    tally["runs"] += 2
+    tally["resumed"] += 1
+    tally["faults"]["disk full mid-run"] += 1
+    first = (tmp_path / "first.log").read_text()
+    assert (tmp_path / "first.rc").read_text().strip() == "1", first + done.stderr.decode()
+    assert "No space left on device" in first, first
+    assert f"stalebound train resume={run_dir}" in first, first
+    tally["failures_reported"] += 1
+    assert "each accounted for exactly once" in (tmp_path / "audit-full.log").read_text()
+    resumed = (tmp_path / "resume.log").read_text()
+    assert (tmp_path / "resume.rc").read_text().strip() == "0", resumed
+    audit = audit_run(keep)
+    assert audit.ok, audit.describe()
+    records = [json.loads(line) for line in (keep / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1))
+    assert max(r["traj_staleness_max"] for r in records) <= ETA
+    tally["items"] += audit.taken
