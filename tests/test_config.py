@@ -354,7 +354,9 @@ def rollout_value(config: StaleboundConfig, attrs: tuple[str, ...]) -> Any:
 
 
 def test_alias_cases_cover_the_whole_table() -> None:
-    assert sorted(alias for alias, _, _ in ALIAS_CASES) == sorted(ALIASES)
+    rollout_aliases = [a for a, key in ALIASES.items() if key.startswith("rollout.")]
+    assert sorted(alias for alias, _, _ in ALIAS_CASES) == sorted(rollout_aliases)
+    assert sorted(set(ALIASES) - set(rollout_aliases)) == ["resume"]
     for alias, _, attrs in ALIAS_CASES:
         assert ALIASES[alias] == "rollout." + ".".join(attrs)
 
@@ -758,3 +760,9 @@ def test_fuzz_yaml_text_raises_only_config_error(text: str) -> None:
         path.write_text(text, encoding="utf-8", errors="surrogatepass")
         with contextlib.suppress(ConfigError):
             load_config([path])
+
+
+def test_resume_is_an_override_and_a_flag() -> None:
+    paths, overrides = parse_cli_overrides(["--resume", "runs/a", "run.steps=5"])
+    assert paths == [] and load_config(overrides=overrides).run.resume == "runs/a"
+    assert load_config(overrides=["resume=runs/b"]).run.resume == "runs/b"

@@ -63,9 +63,13 @@ def test_run_directory_holds_config_metrics_tensorboard_plots_and_checkpoint(run
         "buffer_timeline.png",
     ):
         assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
-    ckpt = run / "checkpoint"
-    assert (ckpt / "config.json").is_file() and (ckpt / "trainer_state.pt").is_file()
-    assert not (run / "checkpoint.tmp").exists()
+    ckpts = run / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step-000040"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-000020", "step-000040"]
+    ckpt = ckpts / "step-000040"
+    for name in ("config.json", "model.safetensors", "trainer_state.pt", "rollout_state.pkl"):
+        assert (ckpt / name).is_file(), name
+    assert json.loads((ckpt / "manifest.json").read_text())["version"] == 40
 
 
 def test_bad_settings_fail_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:

@@ -49,4 +49,51 @@ def test_two_engine_actors_and_two_ranks_learn_within_the_bound(
     assert all(r["traj_staleness_max"] <= 2 for r in records)
     batch = load_config([run / "config.yaml"]).rollout.consumer_batch_size
     assert all(r["num_groups"] == batch for r in records)  # the whole batch, across both ranks
-    assert (run / "checkpoint" / "trainer_state.pt").is_file()
+    assert (run / "checkpoints" / "step-000030" / "trainer_state.pt").is_file()
+
+
+def test_a_killed_trainer_rank_leaves_a_checkpoint_the_run_resumes_from(
+    ray_instance: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from stalebound.distributed.trainer import RayTrainerGroup
+    from stalebound.train.ledger import audit_run
+
+    run = tmp_path_factory.mktemp("ray-kill") / "r"
+    args = [
+        "train",
+        "backend=ray",
+        "ray.train_data_parallel_size=2",
+        "ray.engine_num_cpus=0.25",
+        "ray.trainer_num_cpus=0.25",
+        "run.steps=8",
+        "run.checkpoint_every_steps=2",
+        f"run.run_dir={run}",
+        "run.live=false",
+        "run.eval_prompts=20",
+        "run.plots=false",
+        "run.trace=false",
+        "rollout.consumer_batch_size=16",
+        "rollout.group_size=4",
+        f"engine.cache_dir={tmp_path_factory.mktemp('models')}",
+    ]
+    real_step = RayTrainerGroup.step
+
+    def step_then_lose_a_rank(self: RayTrainerGroup, groups: Any, **kw: Any) -> Any:
+        if self.version == 3:  # after the checkpoint of step 2, during step 4
+            ray_instance.kill(self.ranks[1])
+        return real_step(self, groups, **kw)
+
+    monkeypatch.setattr(RayTrainerGroup, "step", step_then_lose_a_rank)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "rank 1" in err and f"stalebound train resume={run}" in err, err
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    monkeypatch.setattr(RayTrainerGroup, "step", real_step)
+    assert main(["train", f"resume={run}"]) == 0
+    audit = audit_run(run)
+    assert audit.ok and audit.step == 8, audit.describe()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 9))
