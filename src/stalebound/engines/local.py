@@ -484,6 +484,8 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._sender, self._send_now, message)
+        except EngineClosedError:  # a ProtocolError, so a RuntimeError too: not the case below
+            raise
         except RuntimeError as exc:  # the sender was shut down by close()
             self._check_open()
             raise EngineClosedError(f"engine {self.name!r} is closing") from exc
@@ -493,8 +495,11 @@ class LocalEngine:
             with self._send_lock:
                 self._conn.send(message)
         except OSError as exc:
+            self._process.join(1.0)  # reap it, so the message can say how it ended
+            code = self._process.exitcode
+            how = f"the worker exited (code {code})" if code is not None else "the worker is gone"
             raise EngineClosedError(
-                f"engine {self.name!r}: the worker is gone ({exc}); create a new LocalEngine"
+                f"engine {self.name!r}: {how} ({exc}); create a new LocalEngine to continue"
             ) from exc
 
     def _read_loop(self) -> None:
