@@ -120,7 +120,6 @@ value_texts = st.one_of(
             "!!python/object:os.system",
             "&a [*a]",
             "*nowhere",
-            "[" * 2000 + "]" * 2000,
             "a: b: c",
             "'unclosed",
             "#",
@@ -153,7 +152,6 @@ yaml_texts = st.one_of(
             "1: 2\n",
             "seed: !!python/name:os.system\n",
             "a: &x [*x]\n",
-            "x: " + "[" * 3000 + "]" * 3000 + "\n",
             "seed: " + "9" * 5000 + "\n",
             "\ufeffseed: 1\n",
             "seed: 1\n---\nseed: 2\n",
@@ -297,7 +295,7 @@ def test_mappings_load_or_raise_a_clear_config_error(mapping: dict[str, Any]) ->
 @given(st.lists(override_tokens, max_size=5))
 @example(["rollout.request_timeout=" + "9" * 400])
 @example(["seed=" + "9" * 5000])
-@example(["engine.urls=" + "[" * 3000 + "]" * 3000])
+@example(["engine.urls=" + "[" * 3000 + "]" * 3000])  # slow (2 s), so an example, not a draw
 @example(["train.betas=[0.9]"])
 @example(["train.entropy_coef=.nan"])
 def test_overrides_load_or_raise_a_clear_config_error(tokens: list[str]) -> None:
@@ -337,6 +335,7 @@ def test_command_lines_split_or_raise_a_clear_config_error(argv: list[str]) -> N
 
 @settings(SETTINGS, max_examples=80)
 @given(yaml_texts)
+@example("x: " + "[" * 3000 + "]" * 3000 + "\n")  # slow (2 s), so an example, not a draw
 def test_yaml_files_load_or_raise_a_clear_config_error(text: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "hostile.yaml"

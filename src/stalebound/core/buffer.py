@@ -599,7 +599,12 @@ class StalenessBuffer:
                 f"restore(): the snapshot is damaged or not a StalenessBuffer snapshot "
                 f"({type(exc).__name__}: {exc}); restore from an intact checkpoint"
             ) from exc
-        buf.check_invariants()
+        try:
+            buf.check_invariants()
+        except InvariantError as exc:  # consistent field by field, impossible as a whole
+            raise ProtocolError(
+                f"restore(): the snapshot is damaged ({exc}); restore from an intact checkpoint"
+            ) from exc
         return buf
 
     def _restore_group(self, item: Mapping[str, Any]) -> None:
