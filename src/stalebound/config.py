@@ -402,10 +402,20 @@ def load_config(
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
+    if isinstance(overrides, str):
+        overrides = [overrides]
     schema = _schema(base)
     problems: list[str] = []
     layers = [typedconfig.file_layer(p, problems) for p in paths]
-    layers += [typedconfig.Layer(d) for d in data]
+    given: Sequence[object] = data  # callers outside the type checker may pass anything
+    for i, d in enumerate(given):
+        if isinstance(d, Mapping):
+            layers.append(typedconfig.Layer(d))
+        else:
+            problems.append(
+                f"data[{i}]={typedconfig.show(d, 80)}: not a mapping; pass each layer as a "
+                "mapping of keys to values"
+            )
     layers.append(typedconfig.override_layer(overrides, problems))
     try:
         config = schema.load(layer for layer in layers if layer is not None)

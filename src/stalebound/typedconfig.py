@@ -60,6 +60,7 @@ Path_ = tuple[str, ...]
 _BOUNDS_KEY = "stalebound.bounds"
 _NULL_AS_KEY = "stalebound.null_as"
 _FAILED: Any = object()
+_INT_LIMIT = 2**63
 
 
 # -- rules declared next to the fields -------------------------------------------------------------
@@ -150,14 +151,32 @@ def show(value: Any, limit: int | None = None) -> str:
             width=2**30,
             sort_keys=False,
         ).strip()
-    except (yaml.YAMLError, RecursionError, TypeError):
-        text = repr(value)
+    except (yaml.YAMLError, RecursionError, TypeError, ValueError):
+        text = _fallback_repr(value)
     if text.endswith("\n..."):
         text = text[: -len("\n...")].strip()
     text = " ".join(text.split("\n"))
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
     return text
+
+
+def _fallback_repr(value: Any) -> str:
+    # repr() itself fails on an integer beyond Python's digit limit (ValueError) or on a structure
+    # nested past the recursion limit; a message must still name something.
+    try:
+        return repr(value)
+    except (ValueError, RecursionError):
+        if isinstance(value, int):
+            return f"<an integer of {value.bit_length()} bits>"
+        return f"<a {type(value).__name__} too large to show>"
+
+
+def _visible(name: str, limit: int = 80) -> str:
+    """``name`` for the head of a message: quoted when blank (so the message still names it),
+    shortened when long."""
+    text = name if name.strip() and name == name.strip() else repr(name)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def dump_yaml(config: Any) -> str:
@@ -205,7 +224,13 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
 
 
 def _yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_StrictLoader)
+    """Parse YAML text; every failure is a :class:`yaml.YAMLError`."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
+    except ValueError as exc:  # an integer past Python's digit limit
+        raise yaml.YAMLError(str(exc).split(";")[0]) from None
 
 
 def _yaml_error(exc: BaseException) -> str:
@@ -402,7 +427,7 @@ class Schema:
             if path not in builder.consumed:
                 entry = merged[path]
                 problems.append(
-                    f"{entry.spelling}={show(entry.value, 80)}: unknown key; "
+                    f"{_visible(entry.spelling)}={show(entry.value, 80)}: unknown key; "
                     f"{self.unknown_fix(entry.spelling)}"
                 )
         if problems:
@@ -458,7 +483,7 @@ def _flatten(
         parts = tuple(key.split("."))
         if any(not p or p != p.strip() for p in parts):
             problems.append(
-                f"{_dotted((*prefix, key))}={show(value, 80)}: not a valid key; "
+                f"{_visible(_dotted((*prefix, key)))}={show(value, 80)}: not a valid key; "
                 "write dot-separated names without spaces, like rollout.group_size"
             )
             continue
@@ -604,12 +629,30 @@ def _convert(value: Any, tp: Any, name: str, default: Any, problems: list[str]) 
         return _FAILED
     if inner is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -_INT_LIMIT <= value < _INT_LIMIT:
+                problems.append(
+                    f"{name}={shown}: must be a 64-bit integer (between -2**63 and 2**63 - 1); "
+                    f"write a smaller number{default_note}"
+                )
+                return _FAILED
             return value
         problems.append(f"{name}={shown}: {why}; write a whole number{default_note}")
         return _FAILED
     if inner is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:
+                problems.append(
+                    f"{name}={shown}: too large for a number; write a smaller one{default_note}"
+                )
+                return _FAILED
+            if number != number:  # NaN: every comparison with it is false, so no rule holds
+                problems.append(
+                    f"{name}={shown}: must be a number, not NaN; write a number{default_note}"
+                )
+                return _FAILED
+            return number
         problems.append(f"{name}={shown}: {why}; write a number{default_note}")
         return _FAILED
     if inner is str:
@@ -639,10 +682,20 @@ def _convert(value: Any, tp: Any, name: str, default: Any, problems: list[str]) 
             )
             problems.append(f"{name}={shown}: {why}; {fix}")
             return _FAILED
-        item_tp = get_args(inner)[0]
+        args = get_args(inner)
+        if origin is tuple and args[-1:] != (Ellipsis,):  # a fixed-length tuple[X, Y]
+            if len(value) != len(args):
+                problems.append(
+                    f"{name}={shown}: must be a list of {len(args)} items, not {len(value)}; "
+                    f"write {len(args)} values{default_note}"
+                )
+                return _FAILED
+            item_tps = list(args)
+        else:
+            item_tps = [args[0]] * len(value)
         items = [
-            _convert(v, item_tp, f"{name}[{i}]", dataclasses.MISSING, problems)
-            for i, v in enumerate(value)
+            _convert(v, tp_, f"{name}[{i}]", dataclasses.MISSING, problems)
+            for i, (v, tp_) in enumerate(zip(value, item_tps, strict=True))
         ]
         if any(item is _FAILED for item in items):
             return _FAILED
@@ -705,6 +758,12 @@ def _build_item(cls: type, mapping: Mapping[Any, Any], name: str, problems: list
 
 def file_layer(path: str | Path, problems: list[str]) -> Layer | None:
     """The layer of one YAML file, or ``None`` with the problem appended."""
+    given: object = path  # callers outside the type checker may pass anything
+    if not isinstance(given, (str, Path)):
+        problems.append(
+            f"config={show(given, 80)}: not a path; give the YAML file's path as a string"
+        )
+        return None
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -732,16 +791,26 @@ def file_layer(path: str | Path, problems: list[str]) -> Layer | None:
 def override_layer(overrides: Iterable[str], problems: list[str]) -> Layer:
     """The layer of ``key.path=value`` overrides; each value is parsed as YAML."""
     pairs: dict[str, Any] = {}
-    for token in overrides:
+    tokens: Iterable[object] = overrides  # callers outside the type checker may pass anything
+    for given in tokens:
+        if not isinstance(given, str):
+            problems.append(
+                f"{show(given, 80)}=(missing): not a key=value override (of type "
+                f"{type(given).__name__}, not str); write it as key.path=value"
+            )
+            continue
+        token = given
         key, eq, text = token.partition("=")
         key = key.strip()
         if not eq or not key:
             problems.append(
-                f"{token}=(missing): not a key=value override; write it as key.path=value, "
+                f"{_visible(token)}=(missing): not a key=value override; write it as "
+                "key.path=value, "
                 "like rollout.group_size=8"
             )
             continue
         if not text.strip():
+            key = _visible(key)
             problems.append(
                 f"{key}=: empty value; write {key}=null for null or {key}='' for an empty string"
             )
@@ -749,9 +818,10 @@ def override_layer(overrides: Iterable[str], problems: list[str]) -> Layer:
         try:
             value = _yaml_load(text)
         except yaml.YAMLError as exc:
+            short = text if len(text) <= 80 else text[:79] + "…"
             problems.append(
-                f"{key}={text}: not a valid YAML value ({_yaml_error(exc)}); "
-                f"quote it: {key}='{text}'"
+                f"{key}={short}: not a valid YAML value ({_yaml_error(exc)}); "
+                f"quote it: {key}='{short}'"
             )
             continue
         # A stray '#' starts a YAML comment; treat a value that parses to nothing as literal text
@@ -772,12 +842,19 @@ def parse_argv(argv: Sequence[str], schema: Schema) -> tuple[list[str], list[str
     flags = [f"--{s.replace('_', '-')}" for s in schema.spellings()]
     i = 0
     while i < len(argv):
-        token = argv[i]
+        given: object = argv[i]
         i += 1
+        if not isinstance(given, str):
+            problems.append(
+                f"{show(given, 80)}=(missing): a command-line argument must be a string, not of type "
+                f"{type(given).__name__}; pass str tokens"
+            )
+            continue
+        token = given
         if token in ("--config", "-c") or token.startswith("--config="):
             if token.startswith("--config="):
                 paths.append(token.partition("=")[2])
-            elif i < len(argv):
+            elif i < len(argv) and isinstance(argv[i], str):
                 paths.append(argv[i])
                 i += 1
             else:
@@ -786,12 +863,14 @@ def parse_argv(argv: Sequence[str], schema: Schema) -> tuple[list[str], list[str
         if token.startswith("--"):
             name, eq, value = token[2:].partition("=")
             if not eq:
-                if i < len(argv) and not argv[i].startswith("--"):
-                    value = argv[i]
+                following = argv[i] if i < len(argv) else None
+                if isinstance(following, str) and not following.startswith("--"):
+                    value = following
                     i += 1
                 else:
+                    flag = _visible(f"--{name}")
                     problems.append(
-                        f"--{name}=(missing): needs a value; write --{name} VALUE or --{name}=VALUE"
+                        f"{flag}=(missing): needs a value; write {flag} VALUE or {flag}=VALUE"
                     )
                     continue
             key = name.replace("-", "_")
@@ -805,7 +884,7 @@ def parse_argv(argv: Sequence[str], schema: Schema) -> tuple[list[str], list[str
                         + (f" ({schema.reference_hint})" if schema.reference_hint else "")
                     )
                 )
-                problems.append(f"--{name}={value}: unknown flag; {fix}")
+                problems.append(f"{_visible('--' + name)}={_visible(value)}: unknown flag; {fix}")
                 continue
             overrides.append(f"{key}={value}")
         elif "=" in token:
@@ -814,7 +893,8 @@ def parse_argv(argv: Sequence[str], schema: Schema) -> tuple[list[str], list[str
             paths.append(token)
         else:
             problems.append(
-                f"{token}=(missing): neither a YAML file nor key=value; give a .yaml/.yml path, "
+                f"{_visible(token)}=(missing): neither a YAML file nor key=value; give a "
+                ".yaml/.yml path, "
                 "key.path=value, or --flag VALUE"
             )
     if problems:

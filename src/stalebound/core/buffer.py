@@ -235,7 +235,10 @@ class StalenessBuffer:
 
     def lookup(self, group_id: Hashable) -> tuple[EntryState, int, int] | None:
         """``(state, buffer_version, group_version)`` of a group in flight, or ``None``."""
-        g = self._groups.get(group_id)
+        try:
+            g = self._groups.get(group_id)
+        except TypeError:  # an unhashable id is never in flight, as for ``in``
+            return None
         if g is None:
             return None
         return (EntryState.OCCUPIED if g.occupied else EntryState.RESERVED, g.buffer, g.version)
@@ -362,6 +365,13 @@ class StalenessBuffer:
         if g is None or g.occupied:
             g = self._reserved_group("occupy", group_id)  # raises the precise error
         v = self._v
+        try:
+            segment_versions = tuple(segment_versions)
+        except TypeError:
+            raise ProtocolError(
+                f"occupy(group_id={group_id!r}, segment_versions={segment_versions!r}): "
+                "segment_versions must be an iterable of ints, e.g. () or [3, 4]"
+            ) from None
         for sv in segment_versions:
             if not _is_int(sv) or sv < g.version or sv > v:
                 raise ProtocolError(
@@ -584,12 +594,17 @@ class StalenessBuffer:
                 raise ValueError(
                     f"reserved_total {c['reserved_total']} does not match the groups and counters"
                 )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ProtocolError(
                 f"restore(): the snapshot is damaged or not a StalenessBuffer snapshot "
                 f"({type(exc).__name__}: {exc}); restore from an intact checkpoint"
             ) from exc
-        buf.check_invariants()
+        try:
+            buf.check_invariants()
+        except InvariantError as exc:  # consistent field by field, impossible as a whole
+            raise ProtocolError(
+                f"restore(): the snapshot is damaged ({exc}); restore from an intact checkpoint"
+            ) from exc
         return buf
 
     def _restore_group(self, item: Mapping[str, Any]) -> None:
@@ -687,8 +702,11 @@ class StalenessBuffer:
             )
 
     def _check_version(self, op: str, version: int) -> int:
-        if not _is_int(version):
-            raise ProtocolError(f"{op}(version={version!r}): the version must be an int")
+        if not _is_int(version) or version < 0:
+            raise ProtocolError(
+                f"{op}(version={version!r}): the version must be an int ≥ 0 (versions count "
+                "training steps from 0)"
+            )
         if version > self._v:
             raise ProtocolError(
                 f"{op}(version={version}): version {version} is from the future (the current "

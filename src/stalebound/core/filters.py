@@ -62,8 +62,18 @@ def register_group_post_process(
     name: str,
 ) -> Callable[[GroupPostProcess], GroupPostProcess]:
     """Register a group post-processor under ``name`` (decorator)."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(
+            f"group_post_process.name={name!r}: must be a non-empty string; name the "
+            "post-processor, e.g. 'my_filter'"
+        )
 
     def add(fn: GroupPostProcess) -> GroupPostProcess:
+        if not callable(fn):
+            raise ConfigError(
+                f"group_post_process.name={name!r}: {fn!r} is not callable; register a function "
+                "(members, metric) -> PostProcessDecision"
+            )
         if name in _REGISTRY and _REGISTRY[name] is not fn:
             raise ConfigError(
                 f"group_post_process.name={name!r}: a post-processor of that name is already "
@@ -78,7 +88,7 @@ def register_group_post_process(
 def get_group_post_process(name: str) -> GroupPostProcess:
     try:
         return _REGISTRY[name]
-    except KeyError:
+    except (KeyError, TypeError):  # TypeError: an unhashable name
         known = ", ".join(sorted(_REGISTRY)) or "none"
         raise ConfigError(
             f"group_post_process.name={name!r}: no such post-processor (registered: {known}); "
@@ -93,7 +103,12 @@ def group_post_processes() -> tuple[str, ...]:
 def member_metric(member: Any, metric: Metric) -> float:
     """The value of ``metric`` for one trajectory (a mapping, or an object with attributes)."""
     if callable(metric):
-        return float(metric(member))
+        return _number(metric, metric(member))
+    if not isinstance(metric, str):
+        raise ConfigError(
+            f"filter_groups.metric={metric!r}: must be a metric name ({', '.join(METRICS)}) or a "
+            "callable"
+        )
     if isinstance(member, Mapping):
         value = member.get(metric)
         if value is None and isinstance(member.get("metrics"), Mapping):
@@ -107,7 +122,17 @@ def member_metric(member: Any, metric: Metric) -> float:
             f"filter_groups.metric={metric!r}: a trajectory has no such metric; use one the task "
             f"reports ({', '.join(METRICS)}) or a callable"
         )
-    return float(value)
+    return _number(metric, value)
+
+
+def _number(metric: Metric, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(
+            f"filter_groups.metric={metric!r}: a trajectory's value {value!r} is not a number; "
+            "the metric must be a number per trajectory (a reward, a score, 0/1 accuracy)"
+        ) from None
 
 
 @register_group_post_process("dynamic_sampling_filter")
@@ -209,6 +234,16 @@ def proactive_filter_targets(
     Acts when the head buffer is STUCK with at most ``threshold`` RESERVED entries and, if a
     timeout is set, has been STUCK for at least ``stuck_timeout_s``.
     """
+    if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
+        raise ConfigError(
+            f"proactive_filter.threshold={threshold!r}: must be an integer ≥ 0; count RESERVED "
+            "entries, e.g. 4"
+        )
+    if stuck_timeout_s is not None and not _non_negative(stuck_timeout_s):
+        raise ConfigError(
+            f"proactive_filter.stuck_timeout_s={stuck_timeout_s!r}: must be a number ≥ 0 or "
+            "None; give seconds, or None to act at once"
+        )
     v = buf.version
     if buf.state(v) is not BufferState.STUCK:
         return ()
@@ -216,6 +251,10 @@ def proactive_filter_targets(
         return ()
     reserved = buf.reserved_groups(v)
     return reserved if len(reserved) <= threshold else ()
+
+
+def _non_negative(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
 def eligible_targets(
@@ -228,6 +267,8 @@ def eligible_targets(
     retried at once, so retrying can never loop. ``truncate`` passes 1 and the groups already being
     truncated, so each is truncated once.
     """
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise ConfigError(f"limit={limit!r}: must be an integer (a count of attempts)")
     return tuple(g for g in targets if attempts.get(g, 0) < limit)
 
 

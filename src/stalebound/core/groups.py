@@ -82,18 +82,18 @@ class GroupTracker:
         max_relaunches: int | None = None,
     ) -> None:
         problems = []
-        if not isinstance(group_size, int) or group_size < 1:
+        if not _is_int(group_size) or group_size < 1:
             problems.append(f"group_size={group_size!r}: must be an integer ≥ 1")
         redundancy = group_size if group_redundancy is None else group_redundancy
-        if not isinstance(redundancy, int) or (
-            isinstance(group_size, int) and redundancy < group_size
+        if group_redundancy is not None and (
+            not _is_int(redundancy) or (_is_int(group_size) and redundancy < group_size)
         ):
             problems.append(
                 f"group_redundancy={group_redundancy!r}: must be an integer ≥ group_size="
                 f"{group_size!r}; use None for no group-level redundancy"
             )
         relaunches = group_size if max_relaunches is None else max_relaunches
-        if not isinstance(relaunches, int) or relaunches < 0:
+        if max_relaunches is not None and (not _is_int(relaunches) or relaunches < 0):
             problems.append(f"max_relaunches={max_relaunches!r}: must be an integer ≥ 0")
         if problems:
             raise ConfigError(problems)
@@ -103,14 +103,24 @@ class GroupTracker:
         self._groups: dict[Hashable, _Group] = {}
 
     def __contains__(self, group_id: object) -> bool:
-        return group_id in self._groups
+        try:
+            return group_id in self._groups
+        except TypeError:
+            return False
 
     def __len__(self) -> int:
         return len(self._groups)
 
     def start(self, group_id: Hashable, version: int) -> tuple[MemberId, ...]:
         """Begin a group at ``version``; returns the N′ members to launch."""
-        if group_id in self._groups:
+        _check_version("start", version)
+        try:
+            running = group_id in self._groups
+        except TypeError:
+            raise ProtocolError(
+                f"start(group_id={group_id!r}): group ids must be hashable"
+            ) from None
+        if running:
             raise ProtocolError(f"start(group_id={group_id!r}): the group is already running")
         g = _Group()
         self._groups[group_id] = g
@@ -122,6 +132,7 @@ class GroupTracker:
 
     def finish(self, member: MemberId, result: Any = None) -> GroupComplete | None:
         """A member finished; returns :class:`GroupComplete` when it is the N-th."""
+        member = _member("finish", member)
         g = self._group("finish", member.group_id)
         version = self._pop_running("finish", g, member)
         g.finished.append(MemberResult(member, version, result))
@@ -139,7 +150,14 @@ class GroupTracker:
         Returns ``None`` when the members still running can reach N, a :class:`Relaunch` when one
         more member is needed and allowed, else :class:`GroupFailed`.
         """
+        member = _member("fail", member)
         g = self._group("fail", member.group_id)
+        _check_version("fail", version)
+        if not isinstance(cause, str) or not cause:
+            raise ProtocolError(
+                f"fail(member={member!r}, cause={cause!r}): the cause must be a non-empty string "
+                "such as 'failed' or 'timeout'"
+            )
         self._pop_running("fail", g, member)
         g.causes.append(cause)
         if len(g.finished) + len(g.running) >= self.group_size:
@@ -168,7 +186,10 @@ class GroupTracker:
         return MemberId(group_id, index)
 
     def _group(self, op: str, group_id: Hashable) -> _Group:
-        g = self._groups.get(group_id)
+        try:
+            g = self._groups.get(group_id)
+        except TypeError:  # unhashable: never started
+            g = None
         if g is None:
             raise ProtocolError(
                 f"{op}(group_id={group_id!r}): no such group running (never started, or already "
@@ -177,9 +198,32 @@ class GroupTracker:
         return g
 
     def _pop_running(self, op: str, g: _Group, member: MemberId) -> int:
-        if member.number not in g.running:
+        number = member.number
+        if not _is_int(number) or number not in g.running:
             raise ProtocolError(
                 f"{op}(member={member!r}): the member is not running (never launched, or already "
                 "finished or failed)"
             )
-        return g.running.pop(member.number)
+        return g.running.pop(number)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_version(op: str, version: object) -> None:
+    if not _is_int(version) or version < 0:  # type: ignore[operator]
+        raise ProtocolError(
+            f"{op}(version={version!r}): the version must be an int ≥ 0 (versions count training "
+            "steps from 0)"
+        )
+
+
+def _member(op: str, member: object) -> MemberId:
+    """``member`` as a :class:`MemberId`, refusing anything that is not a pair."""
+    if not isinstance(member, tuple) or len(member) != 2:
+        raise ProtocolError(
+            f"{op}(member={member!r}): not a MemberId; pass one of the ids start() or a "
+            "Relaunch returned"
+        )
+    return MemberId(*member)

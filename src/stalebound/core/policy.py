@@ -123,8 +123,32 @@ def _check_policy(snapshot: Mapping[str, Any], name: str) -> None:
         )
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _not_a(kind: type, value: object) -> bool:
+    """True when ``value`` is not a ``kind`` (callers outside the type checker pass anything)."""
+    return not isinstance(value, kind)
+
+
+def _hashable(op: str, group_id: Hashable) -> None:
+    try:
+        hash(group_id)
+    except TypeError:
+        raise ProtocolError(f"{op}(group_id={group_id!r}): group ids must be hashable") from None
+
+
+def _check_version(op: str, version: object) -> None:
+    if not _is_int(version) or version < 0:  # type: ignore[operator]
+        raise ProtocolError(
+            f"{op}(version={version!r}): the version must be an int ≥ 0 (versions count training "
+            "steps from 0)"
+        )
+
+
 def _check_limit(name: str, value: int | None) -> None:
-    if value is not None and (not isinstance(value, int) or value < 1):
+    if value is not None and (not _is_int(value) or value < 1):
         raise ConfigError(f"{name}={value!r}: must be an integer ≥ 1 or None; None means no limit")
 
 
@@ -134,6 +158,8 @@ class BufferPolicy:
     name = "buffer"
 
     def __init__(self, buffer: StalenessBuffer, max_concurrent: int | None = None) -> None:
+        if _not_a(StalenessBuffer, buffer):
+            raise ConfigError(f"buffer={buffer!r}: must be a StalenessBuffer")
         _check_limit("max_concurrent", max_concurrent)
         self.buffer = buffer
         self.max_concurrent = max_concurrent
@@ -199,7 +225,10 @@ class BufferPolicy:
         return batch
 
     def is_running(self, group_id: Hashable) -> bool:
-        return group_id in self._running
+        try:
+            return group_id in self._running
+        except TypeError:  # unhashable: never admitted
+            return False
 
     def statistics(self) -> PolicyStatistics:
         s = self.buffer.statistics()
@@ -261,6 +290,15 @@ class CapacityPolicy:
         drop_stale: bool = False,
         start_version: int = 0,
     ) -> None:
+        problems = []
+        if _not_a(CapacityCounter, counter):
+            problems.append(f"counter={counter!r}: must be a CapacityCounter")
+        if _not_a(bool, drop_stale):
+            problems.append(f"drop_stale={drop_stale!r}: must be true or false")
+        if not _is_int(start_version) or start_version < 0:
+            problems.append(f"start_version={start_version!r}: must be an integer ≥ 0")
+        if problems:
+            raise ConfigError(problems)
         self.counter = counter
         self.drop_stale = drop_stale
         if drop_stale:
@@ -295,9 +333,14 @@ class CapacityPolicy:
         """AReaL's formula at ``version``: the engines' weight version when the driver knows it
         (AReaL reads it from the engines, so it moves only after a weight update), else the
         training version."""
+        if version is not None:
+            _check_version("capacity", version)
         return self.counter.capacity(self._v if version is None else min(version, self._v))
 
     def try_admit(self, group_id: Hashable, version: int | None = None) -> Admission | None:
+        _hashable("try_admit", group_id)
+        if version is not None:
+            _check_version("try_admit", version)
         if group_id in self._running or group_id in self._done_ids:
             raise ProtocolError(
                 f"try_admit(group_id={group_id!r}): the group is already in flight; use a fresh id"
@@ -321,8 +364,15 @@ class CapacityPolicy:
     ) -> bool:
         """Queue the result; False when ``drop_stale`` discards it as already staler than η."""
         V = self._running_version("complete", group_id)
+        try:
+            segment_versions = tuple(segment_versions)
+        except TypeError:
+            raise ProtocolError(
+                f"complete(group_id={group_id!r}, segment_versions={segment_versions!r}): "
+                "segment_versions must be an iterable of ints, e.g. () or [3, 4]"
+            ) from None
         for sv in segment_versions:
-            if sv < V or sv > self._v:
+            if not _is_int(sv) or sv < V or sv > self._v:
                 raise ProtocolError(
                     f"complete(group_id={group_id!r}): segment version {sv!r} is outside "
                     f"[{V}, {self._v}]"
@@ -340,6 +390,11 @@ class CapacityPolicy:
         return True
 
     def abort(self, group_id: Hashable, cause: str = "aborted") -> None:
+        if not isinstance(cause, str) or not cause:
+            raise ProtocolError(
+                f"abort(group_id={group_id!r}, cause={cause!r}): the cause must be a non-empty "
+                "string such as 'aborted', 'filtered', 'retried' or 'failed'"
+            )
         self._running_version("abort", group_id)
         del self._running[group_id]
         self.counter.rejected()
@@ -377,7 +432,10 @@ class CapacityPolicy:
         )
 
     def is_running(self, group_id: Hashable) -> bool:
-        return group_id in self._running
+        try:
+            return group_id in self._running
+        except TypeError:  # unhashable: never admitted
+            return False
 
     def statistics(self) -> PolicyStatistics:
         eta = self.counter.max_staleness
@@ -466,6 +524,7 @@ class CapacityPolicy:
         self._dropped_since.append(group)
 
     def _running_version(self, op: str, group_id: Hashable) -> int:
+        _hashable(op, group_id)
         V = self._running.get(group_id)
         if V is None:
             raise ProtocolError(
