@@ -177,6 +177,32 @@ def test_trainer_killed_at_random_points_resumes_with_nothing_lost(
     check_lineage(run_dir, tally)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_finishes_the_step_checkpoints_it_and_the_run_resumes(
+    tmp_path: Path, models: Path, sig: signal.Signals, tally: dict[str, Any]
+) -> None:
+    # Periodic checkpoints by time only here, so the one after the signal is the signal's.
+    run_dir = tmp_path / "run"
+    args = train_args(run_dir, models, "run.checkpoint_every_steps=0", "run.checkpoint_every_s=1")
+    run = Run(args, tmp_path / "first.log", tally)
+    assert wait_until(lambda: len(logged_steps(run_dir)) >= 4, run, 240, "four steps")
+    run.proc.send_signal(sig)
+    tally["faults"][sig.name] += 1
+    assert run.wait() == 128 + sig, run.output
+    stopped = logged_steps(run_dir)[-1]
+    assert stopped < STEPS, "the run ended before the signal; lengthen it"
+    name = f"step-{stopped:06d}"
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == name
+    assert (
+        f"{sig.name} received: stopped after step {stopped}; continue from "
+        f"{run_dir / 'checkpoints' / name} with: stalebound train resume={run_dir}"
+    ) in run.output, run.output
+    tally["failures_reported"] += 1
+    again = resume(run_dir, tmp_path, tally, 1)
+    assert again.wait() == 0, again.output
+    check_lineage(run_dir, tally)
+
+
 def _engine_workers(pid: int) -> list[int]:
     """The trainer's engine worker processes (its multiprocessing spawn children)."""
     out = []
