@@ -452,12 +452,15 @@ def _serve(conn: Connection, worker: Worker) -> None:
                 return
             continue
         worker.step()
-        for response in worker.take_finished():
-            conn.send(("done", response.request_id, response))
+        finished = worker.take_finished()
+        if finished:  # one message for all that finished in this step
+            conn.send(("done_many", finished))
 
 
 def _handle(conn: Connection, worker: Worker, message: tuple[Any, ...], started: float) -> bool:
     kind = message[0]
+    if kind == "many":  # what the client's sender queued meanwhile, in order
+        return all(_handle(conn, worker, m, started) for m in message[1])
     if kind == "submit":
         worker.submit(message[1], message[2])
         return True

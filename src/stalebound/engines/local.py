@@ -51,16 +51,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import itertools
 import logging
 import multiprocessing
 import os
+import queue
 import threading
 import zlib
 from collections import Counter, deque
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -206,11 +205,19 @@ class LocalEngine:
         )
         self._process.start()
         child.close()
-        self._sender = ThreadPoolExecutor(1, thread_name_prefix=f"stalebound-{name}-send")
+        # Messages to the worker go through a queue to one sender thread, which writes whatever
+        # has piled up as one message: a burst of submissions costs one pipe write, and the
+        # event loop never blocks on the pipe nor hops to a thread pool per request.
+        self._outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._sender = threading.Thread(
+            target=self._send_loop, name=f"stalebound-{name}-send", daemon=True
+        )
+        self._sender.start()
         self._reader = threading.Thread(
             target=self._read_loop, name=f"stalebound-{name}-read", daemon=True
         )
         self._reader.start()
+        self._info_now: _WorkerInfo | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -246,7 +253,7 @@ class LocalEngine:
             self._process.join(timeout)
         self._reader.join(timeout)
         self._conn.close()
-        self._sender.shutdown(wait=False)
+        self._outbox.put(None)
         self._fail_all()
 
     async def aclose(self) -> None:
@@ -420,7 +427,9 @@ class LocalEngine:
 
     async def _info(self) -> _WorkerInfo:
         self._check_open()
-        return await asyncio.wrap_future(self._ready)
+        if self._info_now is None:
+            self._info_now = await asyncio.wrap_future(self._ready)
+        return self._info_now
 
     async def _submit(self, continuation: Continuation, *, migrated: bool) -> GenerateResponse:
         info = await self._info()
@@ -450,20 +459,13 @@ class LocalEngine:
                 )
             self._pending[request.request_id] = future
             self._counts["migrated_in" if migrated else "submitted"] += 1
-        try:
-            await self._send(("submit", continuation, seed))
-        except BaseException:
-            with self._state_lock:
-                self._pending.pop(request.request_id, None)
-            raise
+        self._outbox.put(("submit", continuation, seed))
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             # The caller gave up: stop spending decode steps on it.
             if not self._closed and request.request_id in self._pending:
-                token = next(self._tokens)
-                with contextlib.suppress(RuntimeError):  # the sender shut down meanwhile
-                    self._sender.submit(self._send_now, ("abort", token, request.request_id))
+                self._outbox.put(("abort", next(self._tokens), request.request_id))
             raise
 
     async def _call(self, kind: str, *args: Any) -> Any:
@@ -472,35 +474,38 @@ class LocalEngine:
         with self._state_lock:
             self._check_open()
             self._replies[token] = future
-        try:
-            await self._send((kind, token, *args))
-        except BaseException:
-            with self._state_lock:
-                self._replies.pop(token, None)
-            raise
+        self._outbox.put((kind, token, *args))
         return await asyncio.wrap_future(future)
 
-    async def _send(self, message: tuple[Any, ...]) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(self._sender, self._send_now, message)
-        except EngineClosedError:  # a ProtocolError, so a RuntimeError too: not the case below
-            raise
-        except RuntimeError as exc:  # the sender was shut down by close()
-            self._check_open()
-            raise EngineClosedError(f"engine {self.name!r} is closing") from exc
+    def _send_loop(self) -> None:
+        """The sender thread: write queued messages, a burst as one ``("many", [...])``.
 
-    def _send_now(self, message: tuple[Any, ...]) -> None:
-        try:
-            with self._send_lock:
-                self._conn.send(message)
-        except OSError as exc:
-            self._process.join(1.0)  # reap it, so the message can say how it ended
-            code = self._process.exitcode
-            how = f"the worker exited (code {code})" if code is not None else "the worker is gone"
-            raise EngineClosedError(
-                f"engine {self.name!r}: {how} ({exc}); create a new LocalEngine to continue"
-            ) from exc
+        A failed write means the worker is gone; the reader thread then sees the pipe close and
+        fails every pending call with the worker's exit code, so nothing is lost silently."""
+        outbox = self._outbox
+        while True:
+            message = outbox.get()
+            if message is None:
+                return
+            batch = [message]
+            stop = False
+            while True:
+                try:
+                    more = outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            try:
+                with self._send_lock:
+                    self._conn.send(batch[0] if len(batch) == 1 else ("many", batch))
+            except (OSError, ValueError) as exc:  # ValueError: the pipe was closed by close()
+                _log.debug("engine %r: sending to the worker failed: %r", self.name, exc)
+                return
+            if stop:
+                return
 
     def _read_loop(self) -> None:
         reason: str | None = None
@@ -510,7 +515,10 @@ class LocalEngine:
             except (EOFError, OSError):
                 break
             kind = message[0]
-            if kind == "done":
+            if kind == "done_many":
+                for response in message[1]:
+                    self._on_done(response)
+            elif kind == "done":
                 self._on_done(message[2])
             elif kind in ("reply", "error"):
                 with self._state_lock:

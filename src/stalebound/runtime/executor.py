@@ -677,7 +677,9 @@ class WorkflowExecutor:
         self._intake_lock = threading.Lock()
         self._next_sample = 0
         self._sample_of: dict[Hashable, int] = {}  # group id → sample index, until settled
-        self._outcomes: list[tuple[int, str]] = []  # settled untrained, not yet drained
+        # Settled untrained, not yet drained: appended on the loop thread, drained from any
+        # (deque appends and pops are atomic, so draining needs no hop onto the loop).
+        self._outcomes: deque[tuple[int, str]] = deque()
         self._resume_skip: int | None = None  # data-loader items to skip after load_state_dict
         self._recent: deque[str] = deque(maxlen=_RECENT_FAILURES)
         self._member_failures: Counter[str] = Counter()
@@ -940,7 +942,12 @@ class WorkflowExecutor:
         outcome)`` with the outcome one of :data:`OUTCOMES`. With the sample indices of the
         trajectories handed out, every item taken in is accounted for once: trained, one of
         these, or still pending (in :meth:`state_dict`). Retried items are not ended."""
-        return self._call(self._drain_outcomes)
+        self._require_running()
+        out = []
+        outcomes = self._outcomes
+        while outcomes:
+            out.append(outcomes.popleft())
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         """What a restarted executor needs to continue exactly here (:meth:`load_state_dict`).
@@ -1817,10 +1824,6 @@ class WorkflowExecutor:
         if sample is not None and cause not in _NOT_AN_OUTCOME:
             self._outcomes.append((sample, cause if cause in OUTCOMES else "failed"))
 
-    def _drain_outcomes(self) -> list[tuple[int, str]]:
-        out, self._outcomes = self._outcomes, []
-        return out
-
     def _state_dict(self) -> dict[str, Any]:
         policy = self._require_policy()
         with self._guard:
@@ -1924,7 +1927,7 @@ class WorkflowExecutor:
         self._launched, self._finished = launched, finished
         self._sample_of = samples
         self._output = deque(waiting)
-        self._outcomes = outcomes
+        self._outcomes = deque(outcomes)
         self._next_gid = next_gid
         self._resume_skip = position
         with self._intake_lock:

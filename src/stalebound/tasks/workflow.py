@@ -112,9 +112,20 @@ class SingleTurnWorkflow:
         self.task = task
         self.tokenizer = tokenizer
         self.eos = eos_id(tokenizer)
+        # Every member of a group encodes the same prompt: keep the last few encodings.
+        self._prompts: dict[str, list[int]] = {}
+
+    def _encode_prompt(self, sample: Sample) -> list[int]:
+        text = self.task.prompt(sample)
+        ids = self._prompts.get(text)
+        if ids is None:
+            if len(self._prompts) >= 4096:
+                self._prompts.clear()
+            ids = self._prompts[text] = encode_prompt(self.tokenizer, text)
+        return list(ids)
 
     async def run(self, generate: GenerateFn, sample: Sample) -> Trajectory:
-        prompt_ids = encode_prompt(self.tokenizer, self.task.prompt(sample))
+        prompt_ids = self._encode_prompt(sample)
         gen = await generate(prompt_ids, self.task.config.max_new_tokens, (self.eos,))
         truncated = gen.finish_reason != "stop"
         response = decode_text(self.tokenizer, gen.output_ids)

@@ -521,10 +521,15 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     eta = cfg.rollout.max_head_offpolicyness
     stop_sampling = threading.Event()
 
+    # The executor's counters and buffers are sampled here, off the trainer's path: each read is a
+    # hop onto the executor's busy loop, which would otherwise delay every step.
+    sampled: list[Any] = [executor.statistics(), []]
+
     def sample_buffers() -> None:
         while not stop_sampling.wait(0.25):
             try:
                 version, rows = executor.inspect_policy(_head_rows)
+                sampled[:] = [executor.statistics(), rows]
             except StaleboundError:  # the executor stopped or is shutting down
                 return
             if rows:
@@ -607,7 +612,7 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
                 reached = sum(recent) / len(recent) >= cfg.run.target_reward
                 if progress.time_to_target is None and reached:
                     progress.time_to_target = elapsed
-                es = executor.statistics()
+                es, rows = sampled  # at most 0.25 s old
                 metrics.update(
                     trajectories_per_s=progress.trained / elapsed,
                     trainer_idle_fraction=progress.waited / elapsed,
@@ -630,7 +635,6 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
                     stuck_seconds=es.stuck_seconds,
                 )
                 logger.log_step(metrics, version=trainer.version, staleness=staleness)
-                rows = executor.inspect_policy(_head_rows)[1]
                 view.update_step(step, trainer.version, metrics, rows=rows or None)
                 checkpoint_s = 0.0
                 due = (
