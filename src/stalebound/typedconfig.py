@@ -25,6 +25,7 @@ import difflib
 import functools
 import inspect
 import itertools
+import re
 import textwrap
 import types
 import typing
@@ -53,6 +54,9 @@ __all__ = [
     "suggest",
     "to_plain",
 ]
+
+_EXPONENT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+"""A number in exponent notation, as YAML 1.1 leaves it a string without a dot (``3e-4``)."""
 
 T = TypeVar("T")
 Path_ = tuple[str, ...]
@@ -639,6 +643,8 @@ def _convert(value: Any, tp: Any, name: str, default: Any, problems: list[str]) 
         problems.append(f"{name}={shown}: {why}; write a whole number{default_note}")
         return _FAILED
     if inner is float:
+        if isinstance(value, str) and _EXPONENT.fullmatch(value):
+            value = float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             try:
                 number = float(value)
