@@ -772,5 +772,5 @@ def test_exponent_notation_without_a_dot_is_a_number() -> None:
     # YAML 1.1 reads 3e-4 as a string; a float field takes it as the number it means
     assert load_config(overrides=["train.lr=3e-4"]).train.lr == pytest.approx(3e-4)
     assert load_config(data=[{"train": {"lr": "1E-3"}}]).train.lr == pytest.approx(1e-3)
-    with pytest.raises(ConfigError, match="train.lr=3e: must be a number"):
+    with pytest.raises(ConfigError, match=r"train\.lr=3e: must be a number"):
         load_config(overrides=["train.lr=3e"])

@@ -298,6 +298,61 @@ def test_policies_refuse_hostile_calls_without_changing_state(
     assert_refused_cleanly(call, lambda: policy_state(policy), bad, check)
 
 
+def _empty_like(policy: BufferPolicy | CapacityPolicy) -> BufferPolicy | CapacityPolicy:
+    if isinstance(policy, BufferPolicy):
+        b = policy.buffer
+        return BufferPolicy(
+            StalenessBuffer(b.batch_size, b.staleness, buffer_size=b.buffer_size),
+            policy.max_concurrent,
+        )
+    c = policy.counter
+    counter = CapacityCounter(c.max_concurrent_rollouts, c.consumer_batch_size, c.max_staleness)
+    return CapacityPolicy(counter, drop_stale=policy.drop_stale)
+
+
+@SETTINGS
+@given(policies(), st.data())
+def test_policy_load_snapshot_takes_a_good_one_and_refuses_damage_unchanged(
+    policy: BufferPolicy | CapacityPolicy, data: st.DataObject
+) -> None:
+    good = policy.snapshot()
+    fresh = _empty_like(policy)
+    fresh.load_snapshot(copy.deepcopy(good))
+    assert fresh.snapshot() == good and fresh.statistics() == policy.statistics()
+    target = _empty_like(policy)
+    before = policy_state(target)
+    bad = copy.deepcopy(good)
+    where = data.draw(st.sampled_from(["top", "drop", "inner", "whole"]))
+    value = data.draw(VERSIONS)
+    if where == "top":
+        bad[data.draw(st.sampled_from(sorted(bad)))] = value
+    elif where == "drop":
+        bad.pop(data.draw(st.sampled_from(sorted(bad))))
+    elif where == "inner":
+        key = "buffer" if "buffer" in bad else "stat"
+        inner = bad[key]
+        if isinstance(inner, dict) and inner:
+            inner[data.draw(st.sampled_from(sorted(inner)))] = value
+    else:
+        bad = data.draw(HOSTILE)
+    try:
+        target.load_snapshot(bad)
+    except StaleboundError as exc:
+        assert isinstance(exc, ProtocolError), f"{type(exc).__name__}: {exc}"
+        assert "snapshot" in str(exc), f"unclear: {exc}"
+        assert policy_state(target) == before, "a refused load_snapshot changed the policy"
+    else:  # a change it accepts must still make a consistent policy
+        if isinstance(target, BufferPolicy):
+            target.buffer.check_invariants()
+        assert target.snapshot() == _roundtrip(target)
+
+
+def _roundtrip(policy: BufferPolicy | CapacityPolicy) -> Any:
+    again = _empty_like(policy)
+    again.load_snapshot(copy.deepcopy(policy.snapshot()))
+    return again.snapshot()
+
+
 @SETTINGS
 @given(st.data())
 def test_constructors_refuse_bad_arguments_with_config_errors(data: st.DataObject) -> None:
