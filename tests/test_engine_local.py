@@ -375,6 +375,15 @@ def test_bad_requests_fail_clearly(
             await task
 
     run(duplicate())
+    # A message that cannot be pickled fails its own call; the engine goes on.
+    class Unpicklable(int):
+        def __reduce_ex__(self, protocol: Any) -> Any:
+            raise TypeError("not picklable")
+
+    with pytest.raises(ProtocolError, match="'submit' message could not be sent"):
+        run(engine.agenerate(GenerateRequest("bad", (*prompt, Unpicklable(5)), GREEDY)))
+    after = run(engine.agenerate(GenerateRequest("after", prompt, GREEDY)))
+    assert after.num_output_tokens == GREEDY.max_new_tokens
     with pytest.raises(ConfigError, match=r"no config\.json"):
         LocalEngine(os.devnull)
 

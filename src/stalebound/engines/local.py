@@ -501,11 +501,38 @@ class LocalEngine:
             try:
                 with self._send_lock:
                     self._conn.send(batch[0] if len(batch) == 1 else ("many", batch))
-            except (OSError, ValueError) as exc:  # ValueError: the pipe was closed by close()
+            except OSError as exc:  # the worker is gone, or close() closed the pipe
                 _log.debug("engine %r: sending to the worker failed: %r", self.name, exc)
                 return
+            except Exception:  # a message that cannot be pickled: fail it alone, send the rest
+                for one in batch:
+                    try:
+                        with self._send_lock:
+                            self._conn.send(one)
+                    except OSError:
+                        return
+                    except Exception as exc:
+                        self._unsendable(one, exc)
             if stop:
                 return
+
+    def _unsendable(self, message: tuple[Any, ...], exc: Exception) -> None:
+        """Fail the caller waiting on ``message`` (it never reached the worker)."""
+        future: concurrent.futures.Future[Any] | None
+        with self._state_lock:
+            if message[0] == "submit":
+                future = self._pending.pop(message[1].request.request_id, None)
+            else:
+                future = self._replies.pop(message[1], None)
+        _log.warning("engine %r: a %r message could not be sent: %r", self.name, message[0], exc)
+        if future is not None:
+            _reject(
+                future,
+                ProtocolError(
+                    f"engine {self.name!r}: the {message[0]!r} message could not be sent to the "
+                    f"worker ({type(exc).__name__}: {exc}); pass picklable values"
+                ),
+            )
 
     def _read_loop(self) -> None:
         reason: str | None = None
