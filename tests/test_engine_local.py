@@ -375,6 +375,7 @@ def test_bad_requests_fail_clearly(
             await task
 
     run(duplicate())
+
     # A message that cannot be pickled fails its own call; the engine goes on.
     class Unpicklable(int):
         def __reduce_ex__(self, protocol: Any) -> Any:
