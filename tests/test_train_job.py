@@ -72,6 +72,17 @@ def test_run_directory_holds_config_metrics_tensorboard_plots_and_checkpoint(run
     assert json.loads((ckpt / "manifest.json").read_text())["version"] == 40
 
 
+def test_a_run_directory_is_never_overwritten(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = (run / "metrics.jsonl").read_bytes()
+    assert main(["train", f"run.run_dir={run}", "run.live=false"]) == 2
+    err = capsys.readouterr().err
+    assert f"run.run_dir='{run}': already holds a run (metrics.jsonl, ledger.jsonl, " in err
+    assert f"continue it with resume={run}, or choose a new directory" in err
+    assert (run / "metrics.jsonl").read_bytes() == before
+
+
 def test_bad_settings_fail_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "rollout.max_head_offpolicyness=-1", "train.lr=0"]) == 2
     err = capsys.readouterr().err

@@ -398,6 +398,15 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     else:
         run_dir = _default_run_dir()
     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
+    if resume is None:  # before anything starts: a run directory is never overwritten
+        held = [
+            n for n in ("metrics.jsonl", "ledger.jsonl", "checkpoints") if (run_dir / n).exists()
+        ]
+        if held:
+            raise ConfigError(
+                f"run.run_dir={str(run_dir)!r}: already holds a run ({', '.join(held)}); continue "
+                f"it with resume={run_dir}, or choose a new directory"
+            )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
