@@ -52,6 +52,45 @@ async def _wait_progress(
         await asyncio.sleep(0.005)
 
 
+async def _hold(engine: VLLMEngine, rid: str, task: asyncio.Task[Any]) -> int | None:
+    """Pause the server (keep mode) while ``rid`` is mid-way — some tokens out, not finished —
+    and return how many tokens had arrived; ``None`` (server resumed) if it finished first.
+
+    The stream may deliver tokens in bursts, so the count is read once the stream has gone quiet
+    after the pause; a request caught before its first token is let run a little and held again.
+    """
+    await _wait_progress(engine, rid, 1, task)
+    while True:
+        await engine.pause()
+        seen: int | None = -1
+        last = await engine.progress(rid)
+        while last != seen and not task.done():  # tokens sampled before the pause still arrive
+            seen = last
+            await asyncio.sleep(0.2)
+            last = await engine.progress(rid)
+        if task.done() or last is None:
+            await engine.resume()
+            return None
+        if last >= 1:
+            return last
+        await engine.resume()
+        await asyncio.sleep(0.005)
+
+
+async def _held_request(
+    engine: VLLMEngine, name: str
+) -> tuple[asyncio.Task[GenerateResponse], int]:
+    """A long greedy request, held mid-way (a few tries: a request can outrun the pause)."""
+    for attempt in range(5):
+        rid = f"{name}{attempt}"
+        task = asyncio.create_task(engine.agenerate(GenerateRequest(rid, PROMPT, _greedy(LONG))))
+        seen = await _hold(engine, rid, task)
+        if seen is not None:
+            return task, seen
+        await task
+    raise AssertionError("5 requests of 240 tokens finished before the server could be paused")
+
+
 async def _restore(engine: VLLMEngine, server: Server) -> None:
     await engine.update_weights(server.model_dir, engine.get_version() + 1)
 
@@ -200,17 +239,11 @@ def test_update_mid_generation_resubmits_with_versions_per_token(
         engine = await _engine(vllm_server, interrupt_mode="resubmit")
         try:
             v = engine.get_version()
-            task = asyncio.create_task(
-                engine.agenerate(GenerateRequest("p", PROMPT, _greedy(LONG)))
-            )
-            await _wait_progress(engine, "p", 8, task)
-            await engine.pause()  # hold the request mid-way, so the update surely lands inside it
-            seen = await engine.progress("p")
+            task, seen = await _held_request(engine, "p")  # the update surely lands inside it
             await engine.update_weights(alt_model_dir, v + 1)
             await engine.resume()
             response = await task
             await _restore(engine, vllm_server)
-            assert seen is not None
             return response, v, seen
         finally:
             await engine.aclose()
@@ -236,31 +269,27 @@ def test_update_mid_generation_continues_in_place(
 ) -> None:
     # interrupt_mode="continue" (the token endpoint): the paused request stays on the server and
     # goes on under the new weights; the server reports which version sampled each token.
-    async def main() -> tuple[GenerateResponse, int]:
+    async def main() -> tuple[GenerateResponse, int, int]:
         engine = await _engine(vllm_server, api="generate", interrupt_mode="continue")
         try:
             v = engine.get_version()
-            task = asyncio.create_task(
-                engine.agenerate(GenerateRequest("k", PROMPT, _greedy(LONG)))
-            )
-            await _wait_progress(engine, "k", 8, task)
-            # Hold the request mid-way so the update surely lands inside it; with the server paused
-            # in keep mode the request stays there, and update_weights leaves it paused.
-            await engine.pause()
+            # Held mid-way: with the server paused in keep mode the request stays there, and
+            # update_weights leaves it paused.
+            task, seen = await _held_request(engine, "k")
             await engine.update_weights(alt_model_dir, v + 1)
             await engine.resume()
             response = await task
             await _restore(engine, vllm_server)
-            return response, v
+            return response, v, seen
         finally:
             await engine.aclose()
 
-    response, v = asyncio.run(main())
+    response, v, seen = asyncio.run(main())
     versions = response.output_versions
     assert v + 1 in versions, "the request finished before the update"
     boundary = versions.index(v + 1)
     assert versions == (v,) * boundary + (v + 1,) * (LONG - boundary)
-    assert response.resubmits == 0 and boundary >= 8
+    assert response.resubmits == 0 and seen <= boundary < LONG
     ids = response.output_ids
     assert response.output_logprobs[:boundary] == pytest.approx(
         teacher_forced_logprobs(reference, PROMPT, ids[:boundary]), abs=TOL
