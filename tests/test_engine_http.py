@@ -457,6 +457,11 @@ def test_configuration_errors_are_reported_together() -> None:
     assert "url='localhost:8000'" in text and "retries=-1" in text and "timeout=0" in text
     with pytest.raises(ConfigError, match="interrupt_mode='continue' with api='completions'"):
         VLLMEngine("http://127.0.0.1:1", interrupt_mode="continue")
+    # the vLLM engine's own arguments and the shared ones, in one error
+    with pytest.raises(ConfigError) as info:
+        VLLMEngine("localhost:8000", api="grpc", timeout=0)  # type: ignore[arg-type]
+    text = str(info.value)
+    assert "api='grpc'" in text and "url='localhost:8000'" in text and "timeout=0" in text
 
 
 def test_state_dict_updates_and_n_are_rejected(fake: tuple[FakeSGLang, str]) -> None:

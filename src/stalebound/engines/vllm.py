@@ -82,7 +82,7 @@ import os
 import time
 import zlib
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, TypeAlias
@@ -207,8 +207,10 @@ class _HTTPEngine:
         backoff: float = 0.25,
         max_connections: int = 512,
         abort_timeout: float = 5.0,
+        problems: Sequence[str] = (),
     ) -> None:
-        problems = []
+        # ``problems``: what a subclass found in its own arguments, reported with these at once
+        problems = list(problems)
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             problems.append(f"url={url!r}: must be an http(s) URL such as 'http://127.0.0.1:8000'")
         if interrupt_mode not in ("resubmit", "continue"):
@@ -850,8 +852,6 @@ class VLLMEngine(_HTTPEngine):
                 "exact versions across an update; use api='generate' (server started with "
                 "--enable-scale-out) or interrupt_mode='resubmit'"
             )
-        if problems:
-            raise ConfigError(problems)
         super().__init__(
             url,
             interrupt_mode=interrupt_mode,
@@ -863,6 +863,7 @@ class VLLMEngine(_HTTPEngine):
             backoff=backoff,
             max_connections=max_connections,
             abort_timeout=abort_timeout,
+            problems=problems,
         )
         self.api: VLLMApi = api
         self.model = model
