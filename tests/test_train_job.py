@@ -121,3 +121,30 @@ def test_the_run_trace_replays_under_other_policies(
     assert {r["policy"] for r in rows} >= {"buffer", "capacity"}
     assert all(r["throughput"] > 0 for r in rows)
     assert next(r for r in rows if r["policy"] == "buffer")["violations"] == 0
+
+
+def test_the_audit_accounts_for_every_prompt_and_catches_a_tampered_ledger(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from stalebound.train.ledger import audit_run
+
+    audit = audit_run(run)
+    assert audit.ok and audit.step == 40 and audit.trained == 40 * 32, audit.describe()
+    assert audit.trained + sum(audit.ended.values()) + audit.pending == audit.taken
+    assert main(["audit", str(run)]) == 0
+    assert "each accounted for exactly once" in capsys.readouterr().out
+
+    bad = tmp_path / "run"
+    shutil.copytree(run, bad)
+    lines = [json.loads(line) for line in (bad / "ledger.jsonl").read_text().splitlines()]
+    lost = lines[3]["trained"].pop()  # an item lost
+    twice = lines[5]["trained"][0]
+    lines[7]["trained"].append(twice)  # an item trained twice
+    lines[9]["ended"]["filtered"] = [10**6]  # an item never taken in
+    (bad / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    audit = audit_run(bad)
+    assert (audit.missing, audit.duplicates, audit.unknown) == ((lost,), (twice,), (10**6,))
+    assert main(["audit", str(bad)]) == 1
+    assert "1 counted twice" in capsys.readouterr().out

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from stalebound.core import ConfigError
+
 __all__ = ["LEDGER_FILE", "Audit", "ItemLedger", "audit_run"]
 
 LEDGER_FILE = "ledger.jsonl"
@@ -55,8 +57,6 @@ class ItemLedger:
         self.path = Path(run_dir) / LEDGER_FILE
         if resume_step is None:
             if self.path.exists() and self.path.stat().st_size:
-                from stalebound.core import ConfigError
-
                 raise ConfigError(
                     f"run_dir={str(self.path.parent)!r}: already holds {LEDGER_FILE}; resume the "
                     "run (resume=RUN_DIR) or choose a new directory"
@@ -97,10 +97,12 @@ class Audit:
     """Items accounted for more than once (trained twice, say)."""
     missing: tuple[int, ...] = field(default=())
     """Items taken in and accounted for nowhere (lost)."""
+    unknown: tuple[int, ...] = field(default=())
+    """Items accounted for that were never taken in (a damaged ledger or checkpoint)."""
 
     @property
     def ok(self) -> bool:
-        return not self.duplicates and not self.missing
+        return not self.duplicates and not self.missing and not self.unknown
 
     def describe(self) -> str:
         ended = ", ".join(f"{n} {k}" for k, n in sorted(self.ended.items()) if n) or "none ended"
@@ -108,7 +110,8 @@ class Audit:
             "each accounted for exactly once"
             if self.ok
             else f"{len(self.duplicates)} counted twice {list(self.duplicates)[:10]}, "
-            f"{len(self.missing)} lost {list(self.missing)[:10]}"
+            f"{len(self.missing)} lost {list(self.missing)[:10]}, "
+            f"{len(self.unknown)} never taken in {list(self.unknown)[:10]}"
         )
         return (
             f"step {self.step}: {self.taken} items taken in — {self.trained} trained, {ended}, "
@@ -149,4 +152,5 @@ def audit_run(run_dir: str | Path) -> Audit:
         pending=len(pending),
         duplicates=tuple(sorted(i for i, n in seen.items() if n > 1)),
         missing=tuple(i for i in range(taken) if i not in seen),
+        unknown=tuple(sorted(i for i in seen if not 0 <= i < taken)),
     )
