@@ -91,6 +91,29 @@ async def _held_request(
     raise AssertionError("5 requests of 240 tokens finished before the server could be paused")
 
 
+def _update_inside_a_request(
+    server: Server, alt_model_dir: Path, **engine_kw: Any
+) -> tuple[GenerateResponse, int, int]:
+    """Hold a long request mid-way (the server paused in keep mode: the request stays there, and
+    update_weights leaves it paused), install the other weights as version v + 1, resume; return
+    the response, v and the tokens that had arrived when it was held."""
+
+    async def main() -> tuple[GenerateResponse, int, int]:
+        engine = await _engine(server, **engine_kw)
+        try:
+            v = engine.get_version()
+            task, seen = await _held_request(engine, "mid")
+            await engine.update_weights(alt_model_dir, v + 1)
+            await engine.resume()
+            response = await task
+            await _restore(engine, server)
+            return response, v, seen
+        finally:
+            await engine.aclose()
+
+    return asyncio.run(main())
+
+
 async def _restore(engine: VLLMEngine, server: Server) -> None:
     await engine.update_weights(server.model_dir, engine.get_version() + 1)
 
@@ -235,20 +258,9 @@ def test_update_mid_generation_resubmits_with_versions_per_token(
 ) -> None:
     # interrupt_mode="resubmit": the update ends the stream, the request continues as
     # prompt + partial output under the new weights; each token keeps its version.
-    async def main() -> tuple[GenerateResponse, int, int]:
-        engine = await _engine(vllm_server, interrupt_mode="resubmit")
-        try:
-            v = engine.get_version()
-            task, seen = await _held_request(engine, "p")  # the update surely lands inside it
-            await engine.update_weights(alt_model_dir, v + 1)
-            await engine.resume()
-            response = await task
-            await _restore(engine, vllm_server)
-            return response, v, seen
-        finally:
-            await engine.aclose()
-
-    response, v, seen = asyncio.run(main())
+    response, v, seen = _update_inside_a_request(
+        vllm_server, alt_model_dir, interrupt_mode="resubmit"
+    )
     versions = response.output_versions
     boundary = versions.index(v + 1)
     assert seen <= boundary < LONG
@@ -269,22 +281,9 @@ def test_update_mid_generation_continues_in_place(
 ) -> None:
     # interrupt_mode="continue" (the token endpoint): the paused request stays on the server and
     # goes on under the new weights; the server reports which version sampled each token.
-    async def main() -> tuple[GenerateResponse, int, int]:
-        engine = await _engine(vllm_server, api="generate", interrupt_mode="continue")
-        try:
-            v = engine.get_version()
-            # Held mid-way: with the server paused in keep mode the request stays there, and
-            # update_weights leaves it paused.
-            task, seen = await _held_request(engine, "k")
-            await engine.update_weights(alt_model_dir, v + 1)
-            await engine.resume()
-            response = await task
-            await _restore(engine, vllm_server)
-            return response, v, seen
-        finally:
-            await engine.aclose()
-
-    response, v, seen = asyncio.run(main())
+    response, v, seen = _update_inside_a_request(
+        vllm_server, alt_model_dir, api="generate", interrupt_mode="continue"
+    )
     versions = response.output_versions
     assert v + 1 in versions, "the request finished before the update"
     boundary = versions.index(v + 1)
