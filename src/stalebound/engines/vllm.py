@@ -780,8 +780,23 @@ class _HTTPEngine:
     async def _resume_server(self) -> None:
         raise NotImplementedError
 
-    async def _swap_weights(self, path: str, version: int) -> None:
+    async def _reload(self, path: str, version: int) -> None:
+        """Load the weights in ``path`` on the paused server and label them ``version``."""
         raise NotImplementedError
+
+    async def _swap_weights(self, path: str, version: int) -> None:
+        """Interrupt (resubmit mode) or keep (continue mode) what is in flight, pause the server
+        unless the user already has, reload, and resume."""
+        continue_mode = self.interrupt_mode == "continue"
+        if not continue_mode:
+            await self._interrupt_all()
+        if not self._user_paused:
+            await self._pause_server(keep=continue_mode)
+        try:
+            await self._reload(path, version)
+        finally:
+            if not self._user_paused:
+                await self._resume_server()
 
 
 class _Retry(Exception):
@@ -1013,29 +1028,20 @@ class VLLMEngine(_HTTPEngine):
     async def _resume_server(self) -> None:
         await self._call("POST", "/resume", hint=self._DEV_HINT)
 
-    async def _swap_weights(self, path: str, version: int) -> None:
-        continue_mode = self.interrupt_mode == "continue"
-        if not continue_mode:
-            await self._interrupt_all()
-        if not self._user_paused:
-            await self._pause_server(keep=continue_mode)
-        try:
-            reply = await self._call(
-                "POST",
-                "/collective_rpc",
-                json_body={"method": "reload_weights", "kwargs": {"weights_path": path}},
-                hint=self._DEV_HINT,
-            )
-            _json(reply, "/collective_rpc", self.url, allow_empty=True)
-            await self._call(
-                "POST",
-                "/update_weight_version",
-                json_body={"new_version": str(version)},
-                hint=self._DEV_HINT,
-            )
-        finally:
-            if not self._user_paused:
-                await self._resume_server()
+    async def _reload(self, path: str, version: int) -> None:
+        reply = await self._call(
+            "POST",
+            "/collective_rpc",
+            json_body={"method": "reload_weights", "kwargs": {"weights_path": path}},
+            hint=self._DEV_HINT,
+        )
+        _json(reply, "/collective_rpc", self.url, allow_empty=True)
+        await self._call(
+            "POST",
+            "/update_weight_version",
+            json_body={"new_version": str(version)},
+            hint=self._DEV_HINT,
+        )
 
 
 def _json(reply: httpx.Response, path: str, url: str, *, allow_empty: bool = False) -> Any:
@@ -1169,28 +1175,19 @@ class SGLangEngine(_HTTPEngine):
     async def _resume_server(self) -> None:
         await self._call("POST", "/continue_generation", json_body={})
 
-    async def _swap_weights(self, path: str, version: int) -> None:
-        continue_mode = self.interrupt_mode == "continue"
-        if not continue_mode:
-            await self._interrupt_all()
-        if not self._user_paused:
-            await self._pause_server(keep=continue_mode)
-        try:
-            reply = await self._call(
-                "POST",
-                "/update_weights_from_disk",
-                json_body={
-                    "model_path": path,
-                    "weight_version": str(version),
-                    "abort_all_requests": False,
-                },
+    async def _reload(self, path: str, version: int) -> None:
+        reply = await self._call(
+            "POST",
+            "/update_weights_from_disk",
+            json_body={
+                "model_path": path,
+                "weight_version": str(version),
+                "abort_all_requests": False,
+            },
+        )
+        data = _json(reply, "/update_weights_from_disk", self.url)
+        if isinstance(data, dict) and data.get("success") is False:
+            raise EngineAPIError(
+                f"SGLang server {self.url}: update_weights_from_disk({path!r}) failed: "
+                f"{data.get('message')}"
             )
-            data = _json(reply, "/update_weights_from_disk", self.url)
-            if isinstance(data, dict) and data.get("success") is False:
-                raise EngineAPIError(
-                    f"SGLang server {self.url}: update_weights_from_disk({path!r}) failed: "
-                    f"{data.get('message')}"
-                )
-        finally:
-            if not self._user_paused:
-                await self._resume_server()
