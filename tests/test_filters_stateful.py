@@ -169,7 +169,12 @@ class FilterMachine(RuleBasedStateMachine):
                 self.clock.landed(v)
             if chosen:
                 event(f"retried, pulled {len(moved)} forward")
-                assert self.buf.state(v) is not BufferState.STUCK
+                # Every reservation aborted leaves the head with room: no longer STUCK. When only
+                # some were eligible (the others not yet overtaken, or out of retries), those
+                # are gone and the rest still hold their entries.
+                if not self.buf.reserved_groups(v):
+                    assert self.buf.state(v) is not BufferState.STUCK
+                assert not set(chosen) & set(self.buf.reserved_groups(v))
             for gid in chosen:
                 self.retries[self.prompt[gid]] += 1
                 self.reserve(self.prompt[gid], lag)
@@ -183,7 +188,12 @@ class FilterMachine(RuleBasedStateMachine):
                 self.truncated.add(gid)
             if chosen:
                 event("truncated")
-                assert self.buf.state(v) in (BufferState.READY, BufferState.READY_WITH_CAPACITY)
+                if not self.buf.reserved_groups(v):  # all of them force-completed
+                    assert self.buf.state(v) in (
+                        BufferState.READY,
+                        BufferState.READY_WITH_CAPACITY,
+                    )
+                assert not set(chosen) & set(self.buf.reserved_groups(v))
 
     @rule(threshold=st.integers(0, 3))
     def proactive_off_stuck(self, threshold: int) -> None:
