@@ -17,6 +17,7 @@ from stalebound.core.errors import ConfigError
 from stalebound.tasks import (
     CHARSET,
     LatencyConfig,
+    RewardLatencyConfig,
     Sample,
     Task,
     TaskConfig,
@@ -328,6 +329,63 @@ def test_calculator_rejects_bad_latency_settings() -> None:
     with pytest.raises(ConfigError) as e:
         make_task(cfg)
     assert len(e.value.problems) == 2
+
+
+def test_reward_latency_is_off_by_default_and_adds_no_metric() -> None:
+    tok = CharTokenizer()
+    task = make_task(TaskConfig(name="arithmetic"))
+    assert task.config.reward_latency.distribution == "none"
+    traj = asyncio.run(task.workflow(tok).run(ScriptedModel(tok, ["5"]), Sample("0", "2+3", "5")))
+    assert traj.reward == 1.0 and "reward_wait_s" not in traj.metrics
+
+
+@pytest.mark.parametrize(
+    "name, script, question, answer",
+    [
+        ("arithmetic", ["5"], "2+3", "5"),
+        ("calculator", ["[2*3]", "[6+4]", "10"], "2*3+4", "10"),
+    ],
+)
+def test_rewards_really_wait_for_the_verifier(
+    name: str, script: list[str], question: str, answer: str
+) -> None:
+    tok = CharTokenizer()
+    cfg = TaskConfig(name=name, reward_latency=RewardLatencyConfig("constant", median_s=0.05))
+    cfg.calculator.latency.distribution = "none"
+    task = make_task(cfg)
+    t0 = time.perf_counter()
+    traj = asyncio.run(
+        task.workflow(tok).run(ScriptedModel(tok, script), Sample("0", question, answer))
+    )
+    assert time.perf_counter() - t0 >= 0.05
+    assert traj.reward == 1.0 and traj.metrics["reward_wait_s"] == pytest.approx(0.05)
+
+
+def test_reward_latency_draws_differ_within_a_group_and_replay_the_same() -> None:
+    def draws() -> list[float]:
+        cfg = TaskConfig(reward_latency=RewardLatencyConfig("lognormal", median_s=0.1))
+        task = make_task(cfg)
+        a, b = Sample("a", "1+1", "2"), Sample("b", "1+2", "3")
+        return [task.reward_delay(s) for s in (a, a, a, b, a)]
+
+    first = draws()
+    assert len(set(first[:3])) == 3  # three members of one group wait three different times
+    assert first == draws()  # a new run of the same seed waits the same
+
+
+def test_bad_reward_latency_is_reported_with_the_tasks_own_problems() -> None:
+    cfg = TaskConfig(
+        name="calculator",
+        reward_latency=RewardLatencyConfig("weibull", median_s=-1.0),  # type: ignore[arg-type]
+    )
+    cfg.calculator.max_turns = 0
+    with pytest.raises(ConfigError) as e:
+        make_task(cfg)
+    assert e.value.problems == (
+        "task.reward_latency.distribution='weibull': use none, constant, lognormal or pareto",
+        "task.reward_latency.median_s=-1.0, cap_s=2.0: must be >= 0",
+        "task.calculator.max_turns=0: must be >= 1",
+    )
 
 
 def test_tasks_and_train_config_import_no_torch() -> None:

@@ -18,15 +18,17 @@ from stalebound.tasks.base import (
     make_task,
     register_task,
 )
-from stalebound.tasks.calculator import CalculatorTask, CalculatorWorkflow, sample_latency
+from stalebound.tasks.calculator import CalculatorTask, CalculatorWorkflow
 from stalebound.tasks.charset import CHARSET, check_text
 from stalebound.tasks.config import (
     ArithmeticConfig,
     CalculatorConfig,
     LatencyConfig,
+    RewardLatencyConfig,
     StringsConfig,
     TaskConfig,
 )
+from stalebound.tasks.latency import latency_problems, sample_latency
 from stalebound.tasks.strings import StringsTask
 from stalebound.tasks.workflow import (
     GenerateFn,
@@ -49,6 +51,7 @@ __all__ = [
     "GenerateFn",
     "Generation",
     "LatencyConfig",
+    "RewardLatencyConfig",
     "Sample",
     "SingleTurnWorkflow",
     "StringsConfig",
@@ -65,6 +68,7 @@ __all__ = [
     "decode_text",
     "encode_prompt",
     "encode_text",
+    "latency_problems",
     "list_tasks",
     "load_samples",
     "make_task",

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from stalebound.core.errors import ConfigError
 from stalebound.tasks.charset import check_text
 from stalebound.tasks.config import TaskConfig
+from stalebound.tasks.latency import latency_problems, sample_latency
 
 if TYPE_CHECKING:
     from stalebound.tasks.workflow import TokenizerLike, Workflow
@@ -126,6 +127,7 @@ class Task(abc.ABC):
 
     def __init__(self, config: TaskConfig) -> None:
         self.config = config
+        self._reward_draws: dict[str, int] = {}
 
     # -- what a task defines -------------------------------------------------------------------
     @abc.abstractmethod
@@ -158,6 +160,18 @@ class Task(abc.ABC):
         score = float(self.reward(sample, response))
         acc = 1.0 if response == sample.answer else 0.0
         return {"score": score, "acc": acc, "seq_reward": score, "seq_final_reward": score}
+
+    def reward_delay(self, sample: Sample) -> float:
+        """Seconds the reward of one answer to ``sample`` takes to arrive
+        (``config.reward_latency``; 0.0 when it is off). Each call draws anew, so the members of a
+        group wait different times; a draw is seeded by the task seed, the sample id and how many
+        draws that sample had before, so a replayed run waits the same."""
+        latency = self.config.reward_latency
+        if latency.distribution == "none":
+            return 0.0
+        k = self._reward_draws.get(sample.id, 0)
+        self._reward_draws[sample.id] = k + 1
+        return sample_latency(latency, random.Random(f"{self.config.seed}:{sample.id}:reward:{k}"))
 
     def workflow(self, tokenizer: TokenizerLike) -> Workflow:
         """The episode runner for this task: one model turn by default."""
@@ -226,7 +240,13 @@ def make_task(config: TaskConfig) -> Task:
             f"task.name={config.name!r}: not a registered task; use one of {list_tasks()} or "
             "register yours with @stalebound.tasks.register_task"
         ) from None
-    task = factory(config)
+    problems = latency_problems(config.reward_latency, "task.reward_latency")
+    try:
+        task = factory(config)
+    except ConfigError as exc:  # report the task's problems and these together
+        raise ConfigError([*problems, *exc.problems]) from None
+    if problems:
+        raise ConfigError(problems)
     task.name = config.name
     return task
 

@@ -19,25 +19,26 @@ runs out of turns or tokens is truncated and scores 0. The metrics add ``tool_ca
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import re
 
 from stalebound.core.errors import ConfigError
 from stalebound.tasks.arithmetic import digit_credit
 from stalebound.tasks.base import Sample, Task, Trajectory, Turn, register_task
-from stalebound.tasks.config import LatencyConfig, TaskConfig
+from stalebound.tasks.config import TaskConfig
+from stalebound.tasks.latency import latency_problems, sample_latency
 from stalebound.tasks.workflow import (
     GenerateFn,
     TokenizerLike,
     Workflow,
+    await_reward,
     decode_text,
     encode_prompt,
     encode_text,
     eos_id,
 )
 
-__all__ = ["CalculatorTask", "CalculatorWorkflow", "calculate", "parse_tool_call", "sample_latency"]
+__all__ = ["CalculatorTask", "CalculatorWorkflow", "calculate", "parse_tool_call"]
 
 _CALL = re.compile(r"^\[(.*)\]$")
 _EXPR = re.compile(r"^(\d{1,9})([+\-*])(\d{1,9})$")
@@ -60,44 +61,6 @@ def calculate(expr: str) -> str:
     return f"={value};"
 
 
-def sample_latency(config: LatencyConfig, rng: random.Random) -> float:
-    """One tool latency in seconds, drawn from ``config`` (see :class:`LatencyConfig`)."""
-    if config.distribution == "none":
-        return 0.0
-    if config.distribution == "constant":
-        x = config.median_s
-    elif config.distribution == "lognormal":
-        x = config.median_s * math.exp(config.sigma * rng.gauss(0.0, 1.0))
-    elif config.distribution == "pareto":
-        # Pareto with scale x_m has median x_m · 2^(1/alpha); choose x_m so the median is median_s.
-        x_m = config.median_s * 2.0 ** (-1.0 / config.alpha)
-        x = x_m * (1.0 - rng.random()) ** (-1.0 / config.alpha)
-    else:
-        raise ConfigError(
-            f"task.calculator.latency.distribution={config.distribution!r}: use none, constant, "
-            "lognormal or pareto"
-        )
-    return min(x, config.cap_s)
-
-
-def _check_latency(c: LatencyConfig) -> list[str]:
-    problems = []
-    if c.distribution not in ("none", "constant", "lognormal", "pareto"):
-        problems.append(
-            f"task.calculator.latency.distribution={c.distribution!r}: use none, constant, "
-            "lognormal or pareto"
-        )
-    if c.median_s < 0 or c.cap_s < 0:
-        problems.append(
-            f"task.calculator.latency.median_s={c.median_s}, cap_s={c.cap_s}: must be >= 0"
-        )
-    if c.sigma < 0:
-        problems.append(f"task.calculator.latency.sigma={c.sigma}: must be >= 0")
-    if c.alpha <= 0:
-        problems.append(f"task.calculator.latency.alpha={c.alpha}: must be > 0 (1.5 is typical)")
-    return problems
-
-
 @register_task("calculator")
 class CalculatorTask(Task):
     """``a*b+c`` with a calculator tool; see the module docstring."""
@@ -105,7 +68,7 @@ class CalculatorTask(Task):
     def __init__(self, config: TaskConfig) -> None:
         super().__init__(config)
         c = config.calculator
-        problems = _check_latency(c.latency)
+        problems = latency_problems(c.latency, "task.calculator.latency")
         if c.max_turns < 1:
             problems.append(f"task.calculator.max_turns={c.max_turns}: must be >= 1")
         if not 2 <= c.max_operand <= 9999:
@@ -192,6 +155,7 @@ class CalculatorWorkflow:
         metrics = self.task.metrics(sample, answer, truncated=truncated)
         metrics["tool_calls"] = float(calls)
         metrics["tool_wait_s"] = waited
+        await await_reward(self.task, sample, metrics)
         return Trajectory(
             prompt_ids=prompt_ids,
             output_ids=out,

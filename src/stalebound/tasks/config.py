@@ -13,6 +13,7 @@ __all__ = [
     "ArithmeticConfig",
     "CalculatorConfig",
     "LatencyConfig",
+    "RewardLatencyConfig",
     "StringsConfig",
     "TaskConfig",
 ]
@@ -40,6 +41,16 @@ class LatencyConfig:
     """``pareto`` only: the tail index (> 0); below 2 the variance is infinite."""
     cap_s: float = 2.0
     """No call waits longer than this (seconds); keeps a run's worst case bounded."""
+
+
+@dataclass
+class RewardLatencyConfig(LatencyConfig):
+    """How long the reward takes to arrive, as when a sandbox runs the answer or a judge model
+    grades it: each trajectory's episode waits this long (a real ``asyncio.sleep``) after its last
+    model turn, before its reward counts. Off by default; the same laws as the tool latency."""
+
+    distribution: Literal["none", "constant", "lognormal", "pareto"] = "none"
+    """The shape of the latency distribution (``none``: the reward is computed at once)."""
 
 
 @dataclass
@@ -99,13 +110,15 @@ class TaskConfig:
     num_prompts: int = 2000
     """How many samples to generate when ``data_path`` is ``None``."""
     seed: int = 0
-    """Seed of the generated samples and the tool latencies."""
+    """Seed of the generated samples and of the tool and reward latencies."""
     partial_credit: bool = False
     """Give a wrong answer partial reward (each task documents its rule); off means exact match
     1.0, anything else 0.0."""
     max_new_tokens: int = 12
     """Tokens the model may generate per turn (the end-of-turn token included); a turn that
     reaches it without ending is truncated."""
+    reward_latency: RewardLatencyConfig = field(default_factory=RewardLatencyConfig)
+    """How long each reward takes to arrive (a remote verifier's latency; off by default)."""
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     strings: StringsConfig = field(default_factory=StringsConfig)
     calculator: CalculatorConfig = field(default_factory=CalculatorConfig)

@@ -16,6 +16,7 @@ to stop.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,6 +32,7 @@ __all__ = [
     "SingleTurnWorkflow",
     "TokenizerLike",
     "Workflow",
+    "await_reward",
     "decode_text",
     "encode_prompt",
     "encode_text",
@@ -104,6 +106,17 @@ def decode_text(tokenizer: TokenizerLike, ids: Sequence[int]) -> str:
     return str(tokenizer.decode(list(ids), skip_special_tokens=True))
 
 
+async def await_reward(task: Task, sample: Sample, metrics: dict[str, float]) -> None:
+    """Wait for the reward of one answer as ``task.config.reward_latency`` says (a real sleep:
+    the event loop runs other episodes meanwhile); with a latency configured, record the wait as
+    ``metrics["reward_wait_s"]``."""
+    delay = task.reward_delay(sample)
+    if task.config.reward_latency.distribution != "none":
+        metrics["reward_wait_s"] = delay
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
 class SingleTurnWorkflow:
     """Prompt → one model turn → reward. The episode is truncated if the turn does not end with
     the stop token (length limit or abort), and then scores 0."""
@@ -130,6 +143,7 @@ class SingleTurnWorkflow:
         truncated = gen.finish_reason != "stop"
         response = decode_text(self.tokenizer, gen.output_ids)
         metrics = self.task.metrics(sample, response, truncated=truncated)
+        await await_reward(self.task, sample, metrics)
         return Trajectory(
             prompt_ids=prompt_ids,
             output_ids=list(gen.output_ids),
