@@ -22,6 +22,7 @@ from stalebound.typedconfig import Invalid, bounds, null_means
 
 __all__ = [
     "ALIASES",
+    "BENCH_RECIPE",
     "TRAIN_RECIPE",
     "EngineConfig",
     "FilterGroupsConfig",
@@ -428,6 +429,9 @@ def load_config(
 
 TRAIN_RECIPE = Path(__file__).parent / "configs" / "train.yaml"
 """The main job's recipe: the base layer of ``stalebound train`` and ``stalebound bench``."""
+
+BENCH_RECIPE = Path(__file__).parent / "configs" / "bench.yaml"
+"""What ``stalebound bench`` adds on top of :data:`TRAIN_RECIPE`: a heavy-tailed reward latency."""
 
 
 def parse_cli_overrides(

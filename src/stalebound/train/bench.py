@@ -1,7 +1,9 @@
 """``stalebound bench``: the same workload trained synchronously and asynchronously, side by side.
 
 Every run uses the same config, seed, warm start and prompts; only η changes (η = 0 is synchronous
-training: no rollout starts before the trainer has consumed the batch it belongs to).
+training: no rollout starts before the trainer has consumed the batch it belongs to). The config is
+the train recipe, then ``configs/bench.yaml`` (a reward verifier with a heavy-tailed latency, the
+long tail asynchronous training exists for), then the command line.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from stalebound.config import TRAIN_RECIPE, StaleboundConfig, load_config, parse_cli_overrides
+from stalebound.config import (
+    BENCH_RECIPE,
+    TRAIN_RECIPE,
+    StaleboundConfig,
+    load_config,
+    parse_cli_overrides,
+)
 from stalebound.core.errors import ConfigError
 
 __all__ = ["main", "run_bench"]
@@ -23,7 +31,9 @@ __all__ = ["main", "run_bench"]
 HELP = """usage: stalebound bench [CONFIG.yaml ...] [key=value ...] [--staleness 0 1 2 4] [--json]
 
 Trains the same workload once per staleness bound and prints time to the target reward
-(run.target_reward), trajectories/s, trainer and engine idle fractions and final reward."""
+(run.target_reward), trajectories/s, trainer and engine idle fractions and final reward.
+The workload is the train recipe plus configs/bench.yaml: rewards from a verifier with a
+heavy-tailed latency (task.reward_latency.distribution=none turns it off)."""
 
 
 def run_bench(
@@ -119,7 +129,7 @@ def main(argv: Sequence[str]) -> int:
         staleness, args = values, args[:i] + args[j:]
     try:
         paths, overrides = parse_cli_overrides(args)
-        cfg = load_config([TRAIN_RECIPE, *paths], overrides)
+        cfg = load_config([TRAIN_RECIPE, BENCH_RECIPE, *paths], overrides)
     except ConfigError as e:
         print(f"stalebound bench: {e}", file=sys.stderr)
         return 2

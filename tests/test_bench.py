@@ -1,0 +1,66 @@
+"""``stalebound bench`` end to end: one short run per η on the bench workload, side by side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stalebound.cli import main
+from stalebound.config import load_config
+
+pytestmark = pytest.mark.slow
+
+KEYS = {
+    "staleness",
+    "policy",
+    "time_to_target_s",
+    "trajectories_per_s",
+    "final_reward",
+    "trainer_idle_fraction",
+    "engine_idle_fraction",
+}
+
+
+def test_bench_runs_each_bound_on_the_long_tail_workload_and_prints_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench"
+    code = main(
+        [
+            "bench",
+            "--staleness",
+            "0",
+            "2",
+            "--json",
+            "run.steps=4",
+            "train.warm_start_steps=5",
+            "run.eval_prompts=8",
+            "rollout.consumer_batch_size=8",
+            "task.reward_latency.median_s=0.01",
+            f"run.run_dir={out}",
+            f"engine.cache_dir={tmp_path / 'models'}",
+        ]
+    )
+    assert code == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["staleness"] for r in runs] == [0, 2]
+    assert json.loads((out / "bench.json").read_text())["runs"] == runs
+    for r in runs:
+        assert set(r) >= KEYS
+        assert r["policy"] == "buffer" and r["violations"] == 0
+        assert r["max_staleness"] <= r["staleness"]
+        assert r["trajectories_per_s"] > 0 and 0 <= r["trainer_idle_fraction"] <= 1
+        cfg = load_config([out / f"eta{r['staleness']}" / "config.yaml"])
+        assert cfg.rollout.max_head_offpolicyness == r["staleness"]
+        # the bench recipe's verifier latency, with the command line's median on top
+        assert cfg.task.reward_latency.distribution == "lognormal"
+        assert cfg.task.reward_latency.median_s == 0.01
+        metrics = (out / f"eta{r['staleness']}" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in metrics] == [1, 2, 3, 4]
+
+
+def test_bench_rejects_a_staleness_flag_without_values(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--staleness", "--json"]) == 2
+    assert "--staleness needs integers, e.g. --staleness 0 2" in capsys.readouterr().err
