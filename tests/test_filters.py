@@ -70,6 +70,17 @@ def stuck_buffer() -> StalenessBuffer:
     return buf
 
 
+@pytest.mark.parametrize("stuck_for", [None, -1.0, float("nan"), "5"])
+def test_proactive_filter_refuses_a_stuck_time_that_is_not_a_duration(stuck_for: object) -> None:
+    buf = stuck_buffer()
+    with pytest.raises(ConfigError) as e:
+        proactive_filter_targets(buf, 2, stuck_for=stuck_for, stuck_timeout_s=5.0)  # type: ignore[arg-type]
+    assert str(e.value) == (
+        f"stuck_for={stuck_for!r}: must be a number ≥ 0; give the seconds the head buffer has "
+        "been STUCK (0.0 when unknown)"
+    )
+
+
 def test_proactive_filter_names_the_stragglers_of_a_stuck_head_within_threshold() -> None:
     buf = stuck_buffer()
     assert proactive_filter_targets(buf, threshold=2) == ("b", "c")

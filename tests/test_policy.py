@@ -158,4 +158,9 @@ def test_policy_load_snapshot_refuses_damage_and_foreign_policies_unchanged() ->
     damaged = {**cap.snapshot(), "running": [["c", 0], ["d", 7]]}
     with pytest.raises(ProtocolError, match="damaged or not a capacity-policy snapshot"):
         cap.load_snapshot(damaged)
+    # a count that is no integer at all (int(inf) overflows) is damage too, not a crash
+    with pytest.raises(ProtocolError, match=r"buffer-policy snapshot \(OverflowError"):
+        buf.load_snapshot({**buf.snapshot(), "admitted": float("inf")})
+    with pytest.raises(ProtocolError, match=r"capacity-policy snapshot \(OverflowError"):
+        cap.load_snapshot({**cap.snapshot(), "consumed": float("inf")})
     assert (buf.snapshot(), cap.snapshot()) == before

@@ -475,7 +475,7 @@ def test_proactive_filter_refuses_bad_settings(
             buf, threshold, stuck_for=stuck_for, stuck_timeout_s=timeout
         ),
         lambda: buffer_state(buf),
-        (threshold, timeout),
+        (threshold, timeout, stuck_for),
         buf.check_invariants,
     )
 

@@ -244,6 +244,11 @@ def proactive_filter_targets(
             f"proactive_filter.stuck_timeout_s={stuck_timeout_s!r}: must be a number ≥ 0 or "
             "None; give seconds, or None to act at once"
         )
+    if not _non_negative(stuck_for):
+        raise ConfigError(
+            f"stuck_for={stuck_for!r}: must be a number ≥ 0; give the seconds the head buffer has "
+            "been STUCK (0.0 when unknown)"
+        )
     v = buf.version
     if buf.state(v) is not BufferState.STUCK:
         return ()

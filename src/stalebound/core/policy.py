@@ -108,7 +108,7 @@ def _reading_snapshot(kind: str) -> Iterator[None]:
     """Report a snapshot that does not parse as damaged (nothing has been changed yet)."""
     try:
         yield
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise ProtocolError(
             f"load_snapshot(): the snapshot is damaged or not a {kind} snapshot "
             f"({type(exc).__name__}: {exc}); restore from an intact checkpoint"

@@ -1904,7 +1904,7 @@ class WorkflowExecutor:
             launched, finished = int(c["launched_members"]), int(c["finished_members"])
             with self._guard:
                 policy.load_snapshot(state["policy_state"])
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ProtocolError(
                 f"load_state_dict(): the state is damaged or not an executor state "
                 f"({type(exc).__name__}: {exc}); load one written by state_dict()"
