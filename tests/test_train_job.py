@@ -87,7 +87,7 @@ def test_bad_settings_fail_before_anything_starts(capsys: pytest.CaptureFixture[
     assert main(["train", "rollout.max_head_offpolicyness=-1", "train.lr=0"]) == 2
     err = capsys.readouterr().err
     assert "rollout.max_head_offpolicyness=-1: must be an integer ≥ 0" in err
-    assert "train.lr=0.0: must be > 0" in err
+    assert "train.lr=0.0: must be a finite number > 0 (1e-3 suits the tiny model)" in err
 
 
 def test_the_run_trace_replays_under_other_policies(

@@ -210,6 +210,28 @@ def test_invalid_train_config_lists_every_problem() -> None:
     assert any("tis_cap=2.0 with prox_mode='none'" in p for p in e.value.problems)
 
 
+def test_train_config_refuses_infinite_and_negative_optimizer_settings() -> None:
+    bad = TrainConfig(
+        lr=math.inf,
+        weight_decay=-0.1,
+        betas=(0.9, 1.0),
+        grad_clip=math.inf,
+        entropy_coef=math.nan,
+        warm_start_lr=math.inf,
+    )
+    assert bad.problems() == [
+        "train.lr=inf: must be a finite number > 0 (1e-3 suits the tiny model)",
+        "train.weight_decay=-0.1: must be a finite number >= 0",
+        "train.betas=[0.9, 1.0]: must be two numbers in [0, 1), e.g. [0.9, 0.99]",
+        "train.grad_clip=inf: must be a finite number > 0, or null to not clip",
+        "train.entropy_coef=nan: must be a finite number (0 is off)",
+        "train.warm_start_lr=inf: must be a finite number > 0",
+    ]
+    assert TrainConfig(weight_decay=math.inf).problems() == [
+        "train.weight_decay=inf: must be a finite number >= 0"
+    ]
+
+
 def test_warm_start_raises_task_reward_from_zero() -> None:
     model = tiny_llama(vocab_size=TOK.vocab_size)
     cfg = TaskConfig(name="arithmetic")

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -92,15 +93,23 @@ class TrainConfig:
     def problems(self) -> list[str]:
         """Every invalid setting, each as ``name=value: why; the fix``."""
         p: list[str] = []
-        if not self.lr > 0:
-            p.append(f"train.lr={self.lr}: must be > 0")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            p.append(f"train.grad_clip={self.grad_clip}: must be > 0, or null to not clip")
+        if not 0 < self.lr < math.inf:
+            p.append(f"train.lr={self.lr}: must be a finite number > 0 (1e-3 suits the tiny model)")
+        if not 0 <= self.weight_decay < math.inf:
+            p.append(f"train.weight_decay={self.weight_decay}: must be a finite number >= 0")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            p.append(
+                f"train.betas={list(self.betas)}: must be two numbers in [0, 1), e.g. [0.9, 0.99]"
+            )
+        if self.grad_clip is not None and not 0 < self.grad_clip < math.inf:
+            p.append(
+                f"train.grad_clip={self.grad_clip}: must be a finite number > 0, or null to not clip"
+            )
         if self.minibatches < 1:
             p.append(f"train.minibatches={self.minibatches}: must be >= 1")
         if not 0 < self.clip_eps < 1:
             p.append(f"train.clip_eps={self.clip_eps}: must be in (0, 1); 0.2 is usual")
-        if self.clip_eps_high is not None and not self.clip_eps_high > 0:
+        if self.clip_eps_high is not None and not 0 < self.clip_eps_high < math.inf:
             p.append(f"train.clip_eps_high={self.clip_eps_high}: must be > 0 (0.28 is DAPO's)")
         if self.prox_mode not in ("recompute", "loglinear", "none"):
             p.append(f"train.prox_mode={self.prox_mode!r}: use recompute, loglinear or none")
@@ -121,16 +130,18 @@ class TrainConfig:
             )
         if self.loss_agg not in ("token-mean", "seq-mean-token-mean"):
             p.append(f"train.loss_agg={self.loss_agg!r}: use token-mean or seq-mean-token-mean")
-        if not self.adv_eps >= 0:
-            p.append(f"train.adv_eps={self.adv_eps}: must be >= 0")
+        if not 0 <= self.adv_eps < math.inf:
+            p.append(f"train.adv_eps={self.adv_eps}: must be a finite number >= 0")
+        if not math.isfinite(self.entropy_coef):
+            p.append(f"train.entropy_coef={self.entropy_coef}: must be a finite number (0 is off)")
         if self.num_threads is not None and self.num_threads < 1:
             p.append(f"train.num_threads={self.num_threads}: must be >= 1, or null")
         if self.warm_start_steps < 0:
             p.append(f"train.warm_start_steps={self.warm_start_steps}: must be >= 0")
         if self.warm_start_batch_size < 1:
             p.append(f"train.warm_start_batch_size={self.warm_start_batch_size}: must be >= 1")
-        if not self.warm_start_lr > 0:
-            p.append(f"train.warm_start_lr={self.warm_start_lr}: must be > 0")
+        if not 0 < self.warm_start_lr < math.inf:
+            p.append(f"train.warm_start_lr={self.warm_start_lr}: must be a finite number > 0")
         return p
 
     def validate(self) -> TrainConfig:
