@@ -380,6 +380,20 @@ def test_restore_refuses_damaged_snapshots() -> None:
         StalenessBuffer.restore(bad)
 
 
+def test_restore_refuses_an_occupy_order_that_repeats_or_runs_ahead() -> None:
+    buf = StalenessBuffer(batch_size=2, staleness=1, buffer_size=3)
+    for g in "ab":
+        buf.try_reserve(g)
+        buf.occupy(g)
+    snap = buf.snapshot()
+    assert [g["seq"] for g in snap["groups"]] == [0, 1]
+    twice = {**snap, "groups": [{**g, "seq": 0} for g in snap["groups"]]}
+    with pytest.raises(ProtocolError, match=r"occupy order \[0, 0\] repeats a number"):
+        StalenessBuffer.restore(twice)
+    with pytest.raises(ProtocolError, match=r"occupy order \[0, 1\] .* reaches next_seq 1"):
+        StalenessBuffer.restore({**snap, "next_seq": 1})
+
+
 def test_statistics_is_a_frozen_snapshot() -> None:
     buf = StalenessBuffer(batch_size=1, staleness=1)
     fill(buf, "a")

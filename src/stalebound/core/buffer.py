@@ -628,6 +628,12 @@ class StalenessBuffer:
         """Raise :class:`InvariantError` if the internal state is inconsistent (used by tests)."""
         v, eta = self._v, self.staleness
         seen = 0
+        all_seqs = [g.seq for buf in self._buffers.values() for g in buf.occupied]
+        if len(set(all_seqs)) != len(all_seqs) or any(s >= self._next_seq for s in all_seqs):
+            raise InvariantError(
+                f"occupy order {sorted(all_seqs)} repeats a number or reaches next_seq "
+                f"{self._next_seq}; each occupied entry has its own number below it"
+            )
         for bv, buf in self._buffers.items():
             if not v <= bv <= v + eta:
                 raise InvariantError(f"buffer {bv} outside the window [{v}, {v + eta}]")
