@@ -24,6 +24,7 @@ import pytest
 
 pytest.importorskip("httpx")
 
+import stalebound.engines.vllm as vllm_module
 from stalebound.core.errors import ConfigError, ProtocolError
 from stalebound.engines import GenerateRequest, InferenceEngine, Router, SamplingParams
 from stalebound.engines.protocol import EngineClosedError
@@ -300,6 +301,26 @@ def test_sglang_weight_update_labels_tokens_with_versions(fake: tuple[FakeSGLang
         "weight_version": "7",
         "abort_all_requests": False,
     }
+
+
+def test_update_statistics_keep_only_the_recent_stalls(
+    fake: tuple[FakeSGLang, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, url = fake
+    monkeypatch.setattr(vllm_module, "_UPDATES_KEPT", 4)  # 256 in use; 4 keeps the test short
+
+    async def main() -> None:
+        engine = SGLangEngine(url)
+        await engine.start(timeout=10)
+        for version in range(1, 7):
+            await engine.update_weights(f"/ckpt/weights-{version}", version=version)
+        stats = engine.statistics()
+        await engine.aclose()
+        assert stats.weight_updates == 6
+        assert len(stats.update_seconds) == 4  # a long run's statistics stay small
+        assert all(s >= 0 for s in stats.update_seconds)
+
+    asyncio.run(main())
 
 
 def test_sglang_resubmit_mode_restarts_with_prompt_plus_partial(

@@ -81,7 +81,7 @@ import logging
 import os
 import time
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -109,6 +109,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+_UPDATES_KEPT = 256
 
 InterruptMode: TypeAlias = Literal["resubmit", "continue"]
 VLLMApi: TypeAlias = Literal["completions", "generate"]
@@ -147,7 +148,8 @@ class HTTPEngineStatistics:
     """Requests aborted (by :meth:`abort` or :meth:`aclose`)."""
     weight_updates: int
     update_seconds: tuple[float, ...]
-    """Wall time of each weight update, pause to resume (the generation stall)."""
+    """Wall time of each recent weight update, pause to resume (the generation stall), oldest
+    first; the last 256 are kept, so a long run's statistics stay small."""
     output_tokens: int
 
 
@@ -250,7 +252,7 @@ class _HTTPEngine:
         self._user_paused = False
         self._closed = False
         self._counts: Counter[str] = Counter()
-        self._update_seconds: list[float] = []
+        self._update_seconds: deque[float] = deque(maxlen=_UPDATES_KEPT)
         self._tag = f"sb{os.getpid():x}{id(self) & 0xFFFFFF:x}"
 
     # -- lifecycle ------------------------------------------------------------------------------
