@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 EXTRAS ?= dev,torch,obs
 
-.PHONY: run test test-faults test-ray test-vllm lint typecheck check bench bench-vllm setup walkthrough
+.PHONY: run test test-faults test-ray test-vllm lint typecheck check bench bench-train bench-vllm setup walkthrough
 
 setup:
 	@bash scripts/bootstrap.sh $(EXTRAS)
@@ -50,3 +50,7 @@ check: lint typecheck test
 
 bench: setup
 	$(PY) bench/core_ops.py
+
+## Synchronous against asynchronous training, η = 0, 1, 2, 4 side by side (about 5 minutes).
+bench-train: setup
+	$(PY) -m stalebound bench
