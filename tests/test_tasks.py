@@ -23,6 +23,7 @@ from stalebound.tasks import (
     TaskConfig,
     Turn,
     builtin_data_path,
+    latency_problems,
     list_tasks,
     load_samples,
     make_task,
@@ -383,9 +384,21 @@ def test_bad_reward_latency_is_reported_with_the_tasks_own_problems() -> None:
         make_task(cfg)
     assert e.value.problems == (
         "task.reward_latency.distribution='weibull': use none, constant, lognormal or pareto",
-        "task.reward_latency.median_s=-1.0, cap_s=2.0: must be >= 0",
+        "task.reward_latency.median_s=-1.0, cap_s=2.0: must be finite numbers >= 0 (seconds)",
         "task.calculator.max_turns=0: must be >= 1",
     )
+
+
+def test_latency_settings_must_be_finite() -> None:
+    nan, inf = float("nan"), float("inf")
+    assert latency_problems(LatencyConfig(median_s=nan, sigma=inf, alpha=inf), "x") == [
+        "x.median_s=nan, cap_s=2.0: must be finite numbers >= 0 (seconds)",
+        "x.sigma=inf: must be a finite number >= 0",
+        "x.alpha=inf: must be a finite number > 0 (1.5 is typical)",
+    ]
+    assert latency_problems(LatencyConfig(cap_s=inf), "x") == [
+        "x.median_s=0.05, cap_s=inf: must be finite numbers >= 0 (seconds)"
+    ]
 
 
 def test_tasks_and_train_config_import_no_torch() -> None:

@@ -127,7 +127,6 @@ class Task(abc.ABC):
 
     def __init__(self, config: TaskConfig) -> None:
         self.config = config
-        self._reward_draws: dict[str, int] = {}
 
     # -- what a task defines -------------------------------------------------------------------
     @abc.abstractmethod
@@ -169,8 +168,9 @@ class Task(abc.ABC):
         latency = self.config.reward_latency
         if latency.distribution == "none":
             return 0.0
-        k = self._reward_draws.get(sample.id, 0)
-        self._reward_draws[sample.id] = k + 1
+        draws: dict[str, int] = self.__dict__.setdefault("_reward_draws", {})
+        k = draws.get(sample.id, 0)
+        draws[sample.id] = k + 1
         return sample_latency(latency, random.Random(f"{self.config.seed}:{sample.id}:reward:{k}"))
 
     def workflow(self, tokenizer: TokenizerLike) -> Workflow:

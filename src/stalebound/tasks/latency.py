@@ -41,10 +41,12 @@ def latency_problems(c: LatencyConfig, key: str) -> list[str]:
         problems.append(
             f"{key}.distribution={c.distribution!r}: use none, constant, lognormal or pareto"
         )
-    if c.median_s < 0 or c.cap_s < 0:
-        problems.append(f"{key}.median_s={c.median_s}, cap_s={c.cap_s}: must be >= 0")
-    if c.sigma < 0:
-        problems.append(f"{key}.sigma={c.sigma}: must be >= 0")
-    if c.alpha <= 0:
-        problems.append(f"{key}.alpha={c.alpha}: must be > 0 (1.5 is typical)")
+    if not (0 <= c.median_s < math.inf and 0 <= c.cap_s < math.inf):
+        problems.append(
+            f"{key}.median_s={c.median_s}, cap_s={c.cap_s}: must be finite numbers >= 0 (seconds)"
+        )
+    if not 0 <= c.sigma < math.inf:
+        problems.append(f"{key}.sigma={c.sigma}: must be a finite number >= 0")
+    if not 0 < c.alpha < math.inf:
+        problems.append(f"{key}.alpha={c.alpha}: must be a finite number > 0 (1.5 is typical)")
     return problems
