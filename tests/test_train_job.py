@@ -90,6 +90,19 @@ def test_bad_settings_fail_before_anything_starts(capsys: pytest.CaptureFixture[
     assert "train.lr=0.0: must be a finite number > 0 (1e-3 suits the tiny model)" in err
 
 
+def test_bad_task_settings_fail_before_the_run_directory_is_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "never"
+    args = ["train", "task.reward_latency.median_s=-1", f"run.run_dir={run_dir}", "run.live=false"]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip() == (
+        "stalebound train: task.reward_latency.median_s=-1.0, cap_s=2.0: must be finite numbers "
+        ">= 0 (seconds)"
+    )
+    assert not run_dir.exists()
+
+
 def test_the_run_trace_replays_under_other_policies(
     run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -398,6 +398,9 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     else:
         run_dir = _default_run_dir()
     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
+    # the task's own checks (and its prompt file) before the run directory is touched
+    task = make_task(cfg.task)
+    samples = list(task.samples())
     if resume is None:  # before anything starts: a run directory is never overwritten
         held = [
             n for n in ("metrics.jsonl", "ledger.jsonl", "checkpoints") if (run_dir / n).exists()
@@ -417,8 +420,6 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
         ) from exc
 
     # 1-2. the policy, warm-started (or the checkpoint's)
-    task = make_task(cfg.task)
-    samples = list(task.samples())
     rng = random.Random(cfg.seed)
     eval_set = rng.sample(samples, min(cfg.run.eval_prompts, len(samples)))
     order = list(samples)
