@@ -383,7 +383,7 @@ def test_bad_reward_latency_is_reported_with_the_tasks_own_problems() -> None:
     with pytest.raises(ConfigError) as e:
         make_task(cfg)
     assert e.value.problems == (
-        "task.reward_latency.distribution='weibull': use none, constant, lognormal or pareto",
+        "task.reward_latency.distribution='weibull': use one of none, constant, lognormal, pareto",
         "task.reward_latency.median_s=-1.0, cap_s=2.0: must be finite numbers >= 0 (seconds)",
         "task.calculator.max_turns=0: must be >= 1",
     )

@@ -218,12 +218,14 @@ def test_train_config_refuses_infinite_and_negative_optimizer_settings() -> None
         grad_clip=math.inf,
         entropy_coef=math.nan,
         warm_start_lr=math.inf,
+        clip_eps_high=math.inf,
     )
     assert bad.problems() == [
         "train.lr=inf: must be a finite number > 0 (1e-3 suits the tiny model)",
         "train.weight_decay=-0.1: must be a finite number >= 0",
         "train.betas=[0.9, 1.0]: must be two numbers in [0, 1), e.g. [0.9, 0.99]",
         "train.grad_clip=inf: must be a finite number > 0, or null to not clip",
+        "train.clip_eps_high=inf: must be a finite number > 0 (0.28 is DAPO's)",
         "train.entropy_coef=nan: must be a finite number (0 is off)",
         "train.warm_start_lr=inf: must be a finite number > 0",
     ]

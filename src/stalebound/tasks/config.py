@@ -7,16 +7,21 @@ built-in tasks (a task ignores the sections of the others).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeAlias
 
 __all__ = [
     "ArithmeticConfig",
     "CalculatorConfig",
     "LatencyConfig",
+    "LatencyLaw",
     "RewardLatencyConfig",
     "StringsConfig",
     "TaskConfig",
 ]
+
+
+LatencyLaw: TypeAlias = Literal["none", "constant", "lognormal", "pareto"]
+"""The latency distributions a :class:`LatencyConfig` can name."""
 
 
 @dataclass
@@ -30,7 +35,7 @@ class LatencyConfig:
     same.
     """
 
-    distribution: Literal["none", "constant", "lognormal", "pareto"] = "lognormal"
+    distribution: LatencyLaw = "lognormal"
     """The shape of the latency distribution."""
     median_s: float = 0.05
     """The median latency in seconds (the scale of the distribution)."""
@@ -49,7 +54,7 @@ class RewardLatencyConfig(LatencyConfig):
     grades it: each trajectory's episode waits this long (a real ``asyncio.sleep``) after its last
     model turn, before its reward counts. Off by default; the same laws as the tool latency."""
 
-    distribution: Literal["none", "constant", "lognormal", "pareto"] = "none"
+    distribution: LatencyLaw = "none"
     """The shape of the latency distribution (``none``: the reward is computed at once)."""
 
 

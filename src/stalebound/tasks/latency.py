@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 import random
+from typing import get_args
 
 from stalebound.core.errors import ConfigError
-from stalebound.tasks.config import LatencyConfig
+from stalebound.tasks.config import LatencyConfig, LatencyLaw
 
 __all__ = ["latency_problems", "sample_latency"]
 
-DISTRIBUTIONS = ("none", "constant", "lognormal", "pareto")
+DISTRIBUTIONS: tuple[str, ...] = get_args(LatencyLaw)
 
 
 def sample_latency(config: LatencyConfig, rng: random.Random) -> float:
@@ -39,7 +40,7 @@ def latency_problems(c: LatencyConfig, key: str) -> list[str]:
     problems = []
     if c.distribution not in DISTRIBUTIONS:
         problems.append(
-            f"{key}.distribution={c.distribution!r}: use none, constant, lognormal or pareto"
+            f"{key}.distribution={c.distribution!r}: use one of {', '.join(DISTRIBUTIONS)}"
         )
     if not (0 <= c.median_s < math.inf and 0 <= c.cap_s < math.inf):
         problems.append(

@@ -110,7 +110,10 @@ class TrainConfig:
         if not 0 < self.clip_eps < 1:
             p.append(f"train.clip_eps={self.clip_eps}: must be in (0, 1); 0.2 is usual")
         if self.clip_eps_high is not None and not 0 < self.clip_eps_high < math.inf:
-            p.append(f"train.clip_eps_high={self.clip_eps_high}: must be > 0 (0.28 is DAPO's)")
+            p.append(
+                f"train.clip_eps_high={self.clip_eps_high}: must be a finite number > 0 (0.28 is "
+                "DAPO's)"
+            )
         if self.prox_mode not in ("recompute", "loglinear", "none"):
             p.append(f"train.prox_mode={self.prox_mode!r}: use recompute, loglinear or none")
         if self.tis_cap is not None and not self.tis_cap >= 1:
