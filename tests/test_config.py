@@ -774,3 +774,84 @@ def test_exponent_notation_without_a_dot_is_a_number() -> None:
     assert load_config(data=[{"train": {"lr": "1E-3"}}]).train.lr == pytest.approx(1e-3)
     with pytest.raises(ConfigError, match=r"train\.lr=3e: must be a number"):
         load_config(overrides=["train.lr=3e"])
+
+
+# -- hostile files: bounded time and memory, one clear error each ----------------------------------
+
+
+def test_a_config_file_over_one_mib_is_refused_by_its_size_before_it_is_parsed(
+    tmp_path: Path,
+) -> None:
+    big = tmp_path / "big.yaml"
+    with big.open("w") as f:  # sparse: 50 MiB of nothing costs no disk
+        f.truncate(50 << 20)
+    (problem,) = problems_of([big])
+    assert problem == (
+        f"config={big}: 50 MiB, more than the 1 MiB such a file may hold; keep only settings in "
+        "it (a config is a few kilobytes), and give large data as a file of its own "
+        "(task.data_path)"
+    )
+
+
+def test_an_alias_bomb_is_refused_while_it_is_composed(tmp_path: Path) -> None:
+    # Ten levels, each naming the one below nine times: 9**10 values once expanded.
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    (problem,) = problems_of([bomb])
+    assert problem.startswith(
+        f"config={bomb}: holds more than 10,000 values (aliases counted as what they name); "
+    )
+    # the same through an override value
+    (problem,) = problems_of(overrides=["engine.urls=" + "{" + ", ".join(lines) + "}"])
+    assert "holds more than 10,000 values" in problem and problem.endswith("give a shorter value")
+
+
+def test_a_few_aliases_still_work_and_a_recursive_one_is_refused(tmp_path: Path) -> None:
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("x: &n 8\nrollout: {group_size: *n, consumer_batch_size: *n}\n")
+    with pytest.raises(ConfigError, match="x=8: unknown key"):
+        load_config([ok])
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("engine:\n  urls: &u [a, *u]\n")
+    (problem,) = problems_of([loop])
+    assert "the alias *u refers to a value that contains it" in problem
+
+
+def test_a_file_of_66000_keys_is_refused_by_its_count_of_values(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"  # under 1 MiB, so it gets as far as the parser
+    keys.write_text("".join(f"u{i:05d}: {i}\n" for i in range(66_000)))
+    assert keys.stat().st_size < 1 << 20
+    (problem,) = problems_of([keys])
+    assert problem.startswith(f"config={keys}: holds more than 10,000 values")
+
+
+def test_thousands_of_unknown_keys_list_the_first_twenty_and_count_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stalebound import typedconfig
+
+    asked: list[str] = []  # the did-you-mean search is the costly part of an unknown key
+    real = typedconfig.suggest
+    monkeypatch.setattr(typedconfig, "suggest", lambda key, c: asked.append(key) or real(key, c))
+    with pytest.raises(ConfigError) as info:
+        load_config(data=[{f"u{i:05d}": i for i in range(66_000)}])
+    error = info.value
+    assert len(error.problems) == 20 and error.omitted == 65_980
+    assert len(asked) == 20
+    lines = str(error).splitlines()
+    assert lines[0] == "66000 configuration problems:"
+    assert lines[1].startswith("  - u00000=0: unknown key; ")
+    assert lines[-1] == "  ... and 65980 more (fix these first)"
+    assert len(lines) == 22
+
+
+def test_a_config_file_that_is_not_utf8_names_its_first_bad_byte(tmp_path: Path) -> None:
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"seed: 1\n\xff\xfe\x00")
+    (problem,) = problems_of([binary])
+    assert (
+        problem
+        == f"config={binary}: not UTF-8 text (byte 8 is 0xff; a binary file?); check the path"
+    )

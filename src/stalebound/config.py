@@ -421,7 +421,7 @@ def load_config(
     try:
         config = schema.load(layer for layer in layers if layer is not None)
     except ConfigError as exc:
-        raise ConfigError([*problems, *exc.problems]) from None
+        raise ConfigError([*problems, *exc.problems], omitted=exc.omitted) from None
     if problems:
         raise ConfigError(problems)
     return config

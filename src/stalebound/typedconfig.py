@@ -35,7 +35,8 @@ from typing import Any, Literal, NamedTuple, TypeVar, Union, get_args, get_origi
 
 import yaml
 
-from stalebound.core.errors import ConfigError
+from stalebound.core.errors import MAX_LISTED_PROBLEMS, ConfigError
+from stalebound.userfiles import read_text
 
 __all__ = [
     "Bounds",
@@ -147,6 +148,10 @@ def to_plain(value: Any) -> Any:
 
 def show(value: Any, limit: int | None = None) -> str:
     """``value`` as it would be written after ``key=`` (YAML flow style), optionally shortened."""
+    if value is None or isinstance(value, bool):  # the common scalars without a YAML dump
+        return "null" if value is None else str(value).lower()
+    if type(value) is int and -(10**15) < value < 10**15:
+        return str(value)
     try:
         text = yaml.safe_dump(
             to_plain(value),
@@ -194,8 +199,112 @@ def dump_yaml(config: Any) -> str:
 # -- YAML parsing ----------------------------------------------------------------------------------
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A safe loader that refuses duplicate keys instead of silently keeping the last."""
+MAX_YAML_BYTES = 1 << 20
+"""The largest YAML file the loader reads (1 MiB); a configuration is a few kilobytes."""
+
+MAX_YAML_VALUES = 10_000
+"""The most values (keys, scalars, lists and mappings) one YAML document may hold, every alias
+counted as the whole value it names. A configuration holds a few hundred; the limit stops a file
+of countless keys or an alias bomb (each level naming the one below nine times) early, in
+bounded time and memory."""
+
+try:  # libyaml's parser when PyYAML has it (several times faster), else PyYAML's own
+    from yaml._yaml import CParser as _Parser
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+
+    class _Parser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):  # type: ignore[no-redef]
+        def __init__(self, stream: str) -> None:
+            yaml.reader.Reader.__init__(self, stream)
+            yaml.scanner.Scanner.__init__(self)
+            yaml.parser.Parser.__init__(self)
+
+
+class _TooLarge(yaml.YAMLError):
+    """The document holds more than :data:`MAX_YAML_VALUES` values."""
+
+
+class _StrictLoader(
+    yaml.composer.Composer,
+    _Parser,
+    yaml.constructor.SafeConstructor,
+    yaml.resolver.Resolver,
+):
+    """A safe loader that refuses duplicate keys instead of silently keeping the last, and stops
+    at :data:`MAX_YAML_VALUES` values (aliases expanded) while composing, before anything is
+    built. The composer is PyYAML's Python one, so it can count; the parser is libyaml's."""
+
+    def __init__(self, stream: str) -> None:
+        _Parser.__init__(self, stream)
+        yaml.composer.Composer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
+        self.values = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> its size with aliases expanded
+        self._open: set[str] = set()  # anchors of the collections being composed
+
+    def _spend(self, n: int) -> None:
+        self.values += n
+        if self.values > MAX_YAML_VALUES:
+            raise _TooLarge(
+                f"holds more than {MAX_YAML_VALUES:,} values (aliases counted as what they name)"
+            )
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event: Any = self.peek_event()
+            if event.anchor in self._open:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"the alias *{event.anchor} refers to a value that contains it",
+                    event.start_mark,
+                )
+            target = self.anchors.get(event.anchor)
+            if target is not None:
+                self._spend(self._size(target))
+            return super().compose_node(parent, index)
+        self._spend(1)
+        return super().compose_node(parent, index)
+
+    def compose_sequence_node(self, anchor: Any) -> Any:
+        return self._compose_collection(super().compose_sequence_node, anchor)
+
+    def compose_mapping_node(self, anchor: Any) -> Any:
+        return self._compose_collection(super().compose_mapping_node, anchor)
+
+    def _compose_collection(self, compose: Callable[[Any], Any], anchor: str | None) -> Any:
+        if anchor is None:
+            return compose(anchor)
+        self._open.add(anchor)
+        try:
+            return compose(anchor)
+        finally:
+            self._open.discard(anchor)
+
+    def _size(self, node: yaml.Node) -> int:
+        """Values in ``node`` with aliases expanded (memoised, so linear in the composed nodes)."""
+        sizes = self._sizes
+        stack: list[tuple[yaml.Node, bool]] = [(node, False)]
+        while stack:
+            current, children_done = stack.pop()
+            if id(current) in sizes:
+                continue
+            if isinstance(current, yaml.ScalarNode):
+                sizes[id(current)] = 1
+                continue
+            kids = _children(current)
+            if children_done:
+                sizes[id(current)] = 1 + sum(sizes[id(k)] for k in kids)
+                continue
+            stack.append((current, True))
+            stack.extend((k, False) for k in kids if id(k) not in sizes)
+        return sizes[id(node)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value)
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -224,17 +333,26 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
     return loader.construct_mapping(node, deep=True)
 
 
-_StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+# (the stubs know only PyYAML's own loader classes)
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)  # type: ignore[type-var]
 
 
 def _yaml_load(text: str) -> Any:
-    """Parse YAML text; every failure is a :class:`yaml.YAMLError`."""
+    """Parse YAML text; every failure (a document too large included) is a
+    :class:`yaml.YAMLError`."""
+    loader = _StrictLoader(text)
     try:
-        return yaml.load(text, Loader=_StrictLoader)
+        return loader.get_single_data()
     except RecursionError:
         raise yaml.YAMLError("nested too deeply") from None
     except ValueError as exc:  # an integer past Python's digit limit
         raise yaml.YAMLError(str(exc).split(";")[0]) from None
+    except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):  # libyaml's own limit
+            raise yaml.YAMLError("nested too deeply") from None
+        raise
+    finally:
+        loader.dispose()
 
 
 def _yaml_error(exc: BaseException) -> str:
@@ -326,6 +444,40 @@ def _dotted(path: Path_) -> str:
 # -- the schema ------------------------------------------------------------------------------------
 
 
+class Problems(list[str]):
+    """The problems a load found: the first ``limit`` spelt out, the rest only counted in
+    ``omitted`` (so a file of thousands of bad keys costs no more than its first problems)."""
+
+    def __init__(self, limit: int = MAX_LISTED_PROBLEMS) -> None:
+        super().__init__()
+        self.limit = limit
+        self.omitted = 0
+
+    def full(self) -> bool:
+        """True (and the problem about to be added is counted) once ``limit`` are listed; call it
+        before building a costly message."""
+        if len(self) < self.limit:
+            return False
+        self.omitted += 1
+        return True
+
+    def append(self, problem: str) -> None:
+        if len(self) < self.limit:
+            super().append(problem)
+        else:
+            self.omitted += 1
+
+    def extend(self, problems: Iterable[str]) -> None:
+        for problem in problems:
+            self.append(problem)
+
+
+def _full(problems: list[str]) -> bool:
+    """Whether ``problems`` (a :class:`Problems`) takes no more messages; counts the one not
+    added. A plain list never is."""
+    return isinstance(problems, Problems) and problems.full()
+
+
 class _Entry(NamedTuple):
     value: Any
     spelling: str
@@ -408,9 +560,11 @@ class Schema:
     # -- loading --
 
     def load(self, layers: Iterable[Layer]) -> Any:
-        """Merge the layers and build the root dataclass, or raise one ConfigError listing all."""
-        problems: list[str] = []
+        """Merge the layers and build the root dataclass, or raise one ConfigError listing the
+        problems (the first :data:`MAX_LISTED_PROBLEMS` in full, the count of the rest)."""
+        problems = Problems()
         merged: dict[Path_, _Entry] = {}
+        below: dict[Path_, set[Path_]] = {}  # each proper prefix -> the merged keys under it
         for layer in layers:
             entries = self._layer_entries(layer, problems)
             for path, entry in entries.items():
@@ -419,23 +573,28 @@ class Schema:
                     continue  # an empty mapping under an alias prefix sets nothing
                 # A later layer replaces a whole key: drop what an earlier one set at it, above it,
                 # or below it; an empty section mapping adds to what is below rather than reset it.
-                for old in list(merged):
-                    above = len(old) < len(path) and path[: len(old)] == old
-                    below = len(old) > len(path) and old[: len(path)] == path
-                    if old == path or above or (below and not empty):
-                        del merged[old]
+                # (Looked up by prefix, so merging stays linear in the number of keys.)
+                doomed = [path[:i] for i in range(1, len(path) + 1) if path[:i] in merged]
+                if not empty:
+                    doomed += below.get(path, ())
+                for old in doomed:
+                    del merged[old]
+                    for i in range(1, len(old)):
+                        below[old[:i]].discard(old)
                 merged[path] = entry
+                for i in range(1, len(path)):
+                    below.setdefault(path[:i], set()).add(path)
         builder = _Builder(merged, problems)
         result = builder.build(self.root, ())
         for path in merged:
-            if path not in builder.consumed:
+            if path not in builder.consumed and not problems.full():
                 entry = merged[path]
                 problems.append(
                     f"{_visible(entry.spelling)}={show(entry.value, 80)}: unknown key; "
                     f"{self.unknown_fix(entry.spelling)}"
                 )
         if problems:
-            raise ConfigError(problems)
+            raise ConfigError(problems, omitted=problems.omitted)
         return result
 
     def _layer_entries(self, layer: Layer, problems: list[str]) -> dict[Path_, _Entry]:
@@ -448,6 +607,8 @@ class Schema:
             old = entries.get(canonical)
             repeat = layer.overrides and old is not None and old.spelling == new.spelling
             if old is not None and not repeat and not _same(old.value, new.value):
+                if _full(problems):
+                    continue
                 both = "" if old.spelling == new.spelling else f" (both set {_dotted(canonical)})"
                 problems.append(
                     f"{new.spelling}={show(new.value, 80)}: conflicts with "
@@ -479,6 +640,8 @@ def _flatten(
     """Split nested mappings (and dotted keys) into ``(path, leaf value)`` pairs."""
     for key, value in mapping.items():
         if not isinstance(key, str):
+            if _full(problems):
+                continue
             where = _dotted((*prefix, show(key)))
             problems.append(
                 f'{where}={show(value, 80)}: keys must be strings; quote the key: "{show(key)}"'
@@ -486,6 +649,8 @@ def _flatten(
             continue
         parts = tuple(key.split("."))
         if any(not p or p != p.strip() for p in parts):
+            if _full(problems):
+                continue
             problems.append(
                 f"{_visible(_dotted((*prefix, key)))}={show(value, 80)}: not a valid key; "
                 "write dot-separated names without spaces, like rollout.group_size"
@@ -752,14 +917,22 @@ def _build_item(cls: type, mapping: Mapping[Any, Any], name: str, problems: list
     candidates = [f"{name}.{s}" for s in schema.spellings()]
     for path, entry in entries.items():
         if path not in builder.consumed:
+            result = _FAILED
+            if _full(problems):
+                continue
             match = suggest(entry.spelling, candidates)
             fix = f"did you mean {match}?" if match else "remove it"
             problems.append(f"{entry.spelling}={show(entry.value, 80)}: unknown key; {fix}")
-            result = _FAILED
     return result
 
 
 # -- reading files and overrides -------------------------------------------------------------------
+
+
+_LARGE_FIX = (
+    "keep only settings in it (a config is a few kilobytes), and give large data as a file of "
+    "its own (task.data_path)"
+)
 
 
 def file_layer(path: str | Path, problems: list[str]) -> Layer | None:
@@ -771,15 +944,21 @@ def file_layer(path: str | Path, problems: list[str]) -> Layer | None:
         )
         return None
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        problems.append(f"config={path}: cannot read it ({exc.strerror or exc}); check the path")
-        return None
-    except UnicodeDecodeError:
-        problems.append(f"config={path}: not UTF-8 text; save the file as UTF-8")
+        text = read_text(
+            path,
+            f"config={path}",
+            limit=MAX_YAML_BYTES,
+            fix="check the path",
+            large_fix=_LARGE_FIX,
+        )
+    except ConfigError as exc:
+        problems.extend(exc.problems)
         return None
     try:
         data = _yaml_load(text)
+    except _TooLarge as exc:
+        problems.append(f"config={path}: {exc}; {_LARGE_FIX}")
+        return None
     except yaml.YAMLError as exc:
         problems.append(f"config={path}: not valid YAML ({_yaml_error(exc)}); fix the syntax")
         return None
@@ -821,10 +1000,13 @@ def override_layer(overrides: Iterable[str], problems: list[str]) -> Layer:
                 f"{key}=: empty value; write {key}=null for null or {key}='' for an empty string"
             )
             continue
+        short = text if len(text) <= 80 else text[:79] + "…"
         try:
             value = _yaml_load(text)
+        except _TooLarge as exc:
+            problems.append(f"{key}={short}: {exc}; give a shorter value")
+            continue
         except yaml.YAMLError as exc:
-            short = text if len(text) <= 80 else text[:79] + "…"
             problems.append(
                 f"{key}={short}: not a valid YAML value ({_yaml_error(exc)}); "
                 f"quote it: {key}='{short}'"

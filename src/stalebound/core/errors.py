@@ -13,25 +13,42 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["ConfigError", "InvariantError", "ProtocolError", "StaleboundError"]
+__all__ = [
+    "MAX_LISTED_PROBLEMS",
+    "ConfigError",
+    "InvariantError",
+    "ProtocolError",
+    "StaleboundError",
+]
 
 
 class StaleboundError(Exception):
     """Root of every exception stalebound raises on purpose."""
 
 
-class ConfigError(StaleboundError, ValueError):
-    """Invalid settings. ``problems`` lists every problem found, each ``name=value: why; the fix``."""
+MAX_LISTED_PROBLEMS = 20
+"""A :class:`ConfigError`'s message lists at most this many problems, then counts the rest."""
 
-    def __init__(self, problems: str | Iterable[str]) -> None:
+
+class ConfigError(StaleboundError, ValueError):
+    """Invalid settings. ``problems`` lists the problems found, each ``name=value: why; the fix``;
+    ``omitted`` counts further ones a loader found but did not spell out (a file of thousands of
+    unknown keys is reported by its first problems and the count of the others)."""
+
+    def __init__(self, problems: str | Iterable[str], *, omitted: int = 0) -> None:
         self.problems: tuple[str, ...] = (
             (problems,) if isinstance(problems, str) else tuple(problems)
         )
-        if len(self.problems) == 1:
+        self.omitted = omitted
+        total = len(self.problems) + omitted
+        if total == 1:
             message = self.problems[0]
         else:
-            lines = "\n".join(f"  - {p}" for p in self.problems)
-            message = f"{len(self.problems)} configuration problems:\n{lines}"
+            listed = self.problems[:MAX_LISTED_PROBLEMS]
+            lines = "\n".join(f"  - {p}" for p in listed)
+            message = f"{total} configuration problems:\n{lines}"
+            if total > len(listed):
+                message += f"\n  ... and {total - len(listed)} more (fix these first)"
         super().__init__(message)
 
 
