@@ -172,7 +172,7 @@ def test_load_samples_jsonl_and_errors(tmp_path: Path) -> None:
     bad.write_text('{"question": "ABC", "answer": "x"}\n')
     with pytest.raises(ConfigError, match=r"outside stalebound\.tasks\.charset\.CHARSET"):
         load_samples(bad)
-    with pytest.raises(ConfigError, match="no such file"):
+    with pytest.raises(ConfigError, match=r"cannot read it \(No such file or directory\)"):
         load_samples(tmp_path / "missing.jsonl")
 
 

@@ -54,7 +54,15 @@ def _train(argv: Sequence[str]) -> int:
         if cfg.run.resume:
             # the run's own settings first; what this command line says still applies on top
             from stalebound.train.checkpoint import run_dir_of
+            from stalebound.userfiles import label, readable_problem
 
+            problem = readable_problem(
+                cfg.run.resume,
+                label("resume", cfg.run.resume),
+                fix="give the directory of a run written by stalebound train",
+            )
+            if problem:
+                raise ConfigError(problem)
             run_dir = run_dir_of(cfg.run.resume)
             saved = run_dir / "config.yaml"
             if not saved.is_file():
@@ -88,10 +96,18 @@ def _train(argv: Sequence[str]) -> int:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from stalebound.core.errors import StaleboundError
+    from stalebound.core.errors import ConfigError, StaleboundError
     from stalebound.train.ledger import audit_run
+    from stalebound.userfiles import label, readable_problem
 
     try:
+        problem = readable_problem(
+            args.run_dir,
+            label("run_dir", args.run_dir),
+            fix="give the directory of a run written by stalebound train",
+        )
+        if problem:
+            raise ConfigError(problem)
         audit = audit_run(args.run_dir)
     except StaleboundError as e:
         print(f"stalebound audit: {e}", file=sys.stderr)

@@ -39,9 +39,12 @@ from stalebound.core.errors import MAX_LISTED_PROBLEMS, ConfigError
 from stalebound.userfiles import read_text
 
 __all__ = [
+    "MAX_YAML_BYTES",
+    "MAX_YAML_VALUES",
     "Bounds",
     "Invalid",
     "Layer",
+    "Problems",
     "Schema",
     "bounds",
     "dump_yaml",
@@ -50,6 +53,7 @@ __all__ = [
     "null_means",
     "override_layer",
     "parse_argv",
+    "read_yaml",
     "reference_tables",
     "show",
     "suggest",
@@ -929,6 +933,19 @@ def _build_item(cls: type, mapping: Mapping[Any, Any], name: str, problems: list
 # -- reading files and overrides -------------------------------------------------------------------
 
 
+def read_yaml(path: str | Path, head: str, *, fix: str, large_fix: str) -> Any:
+    """The data of a YAML file of at most :data:`MAX_YAML_BYTES` bytes and
+    :data:`MAX_YAML_VALUES` values; otherwise one ConfigError headed ``head`` (``config=PATH``)
+    saying why, with ``fix`` (``large_fix`` for a file too large)."""
+    text = read_text(path, head, limit=MAX_YAML_BYTES, fix=fix, large_fix=large_fix)
+    try:
+        return _yaml_load(text)
+    except _TooLarge as exc:
+        raise ConfigError(f"{head}: {exc}; {large_fix}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{head}: not valid YAML ({_yaml_error(exc)}); fix the syntax") from None
+
+
 _LARGE_FIX = (
     "keep only settings in it (a config is a few kilobytes), and give large data as a file of "
     "its own (task.data_path)"
@@ -944,23 +961,9 @@ def file_layer(path: str | Path, problems: list[str]) -> Layer | None:
         )
         return None
     try:
-        text = read_text(
-            path,
-            f"config={path}",
-            limit=MAX_YAML_BYTES,
-            fix="check the path",
-            large_fix=_LARGE_FIX,
-        )
+        data = read_yaml(path, f"config={path}", fix="check the path", large_fix=_LARGE_FIX)
     except ConfigError as exc:
         problems.extend(exc.problems)
-        return None
-    try:
-        data = _yaml_load(text)
-    except _TooLarge as exc:
-        problems.append(f"config={path}: {exc}; {_LARGE_FIX}")
-        return None
-    except yaml.YAMLError as exc:
-        problems.append(f"config={path}: not valid YAML ({_yaml_error(exc)}); fix the syntax")
         return None
     if data is None:
         return Layer({})

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from stalebound.core.errors import ConfigError
+from stalebound.userfiles import label
 
 if TYPE_CHECKING:
     import torch
@@ -33,6 +34,8 @@ __all__ = [
     "SPECIAL_TOKENS",
     "build_default_model",
     "build_default_tokenizer",
+    "checkpoint_problem",
+    "is_default_model",
     "load_model",
     "load_tokenizer",
 ]
@@ -99,12 +102,8 @@ def build_default_model(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
     target = Path(path)
     marker = target / _MARKER
     wanted = {"format": _MARKER_FORMAT, "seed": int(seed), "config": DEFAULT_MODEL_CONFIG}
-    if marker.is_file():
-        try:
-            if json.loads(marker.read_text()) == wanted:
-                return target
-        except (OSError, ValueError):
-            pass  # a damaged marker: rebuild below
+    if is_default_model(target, seed=seed):
+        return target  # (a damaged or different marker: rebuilt below)
     target.mkdir(parents=True, exist_ok=True)
     tokenizer = build_default_tokenizer()
     config = LlamaConfig(
@@ -125,15 +124,58 @@ def build_default_model(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
     return target
 
 
-def _checkpoint_dir(path: str | os.PathLike[str]) -> Path:
-    target = Path(path)
-    if not (target / "config.json").is_file():
-        raise ConfigError(
-            f"model path={str(target)!r}: not a Hugging Face checkpoint directory (no config.json); "
-            "pass a directory written by save_pretrained, or create the default model with "
-            "stalebound.engines.models.build_default_model(path)"
+def is_default_model(path: str | os.PathLike[str], *, seed: int = 0) -> bool:
+    """Whether ``path`` already holds the default model built with ``seed`` (then
+    :func:`build_default_model` reuses it and writes nothing)."""
+    wanted = {"format": _MARKER_FORMAT, "seed": int(seed), "config": DEFAULT_MODEL_CONFIG}
+    try:
+        return bool(json.loads((Path(path) / _MARKER).read_text()) == wanted)
+    except (OSError, ValueError):
+        return False
+
+
+_NOT_A_CHECKPOINT_FIX = (
+    "pass a directory written by save_pretrained, or create the default model with "
+    "stalebound.engines.models.build_default_model(path)"
+)
+
+
+def checkpoint_problem(path: str | os.PathLike[str], name: str = "model path") -> str | None:
+    """Why ``path`` is not a local Hugging Face checkpoint directory (no readable ``config.json``
+    holding a JSON object), as ``name=path: why; the fix`` — or ``None``. Reads one small file."""
+    head = label(name, path)
+    config = Path(path) / "config.json"
+    try:
+        with open(config, "rb") as f:
+            raw = f.read(1 << 20)
+    except FileNotFoundError:
+        return f"{head}: not a Hugging Face checkpoint directory (no config.json); {_NOT_A_CHECKPOINT_FIX}"
+    except OSError as exc:
+        return (
+            f"{head}: cannot read its config.json ({exc.strerror or exc}); {_NOT_A_CHECKPOINT_FIX}"
         )
-    return target
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:  # not UTF-8, or not JSON
+        return (
+            f"{head}: its config.json is not valid JSON ({str(exc).split(':')[0]}); "
+            f"{_NOT_A_CHECKPOINT_FIX}"
+        )
+    if not isinstance(data, dict):
+        return f"{head}: its config.json holds no JSON object; {_NOT_A_CHECKPOINT_FIX}"
+    return None
+
+
+def _unloadable(path: str | os.PathLike[str], exc: BaseException) -> str:
+    why = " ".join(str(exc).split())[:300]
+    return f"model path={str(path)!r}: cannot load it ({why}); {_NOT_A_CHECKPOINT_FIX}"
+
+
+def _checkpoint_dir(path: str | os.PathLike[str]) -> Path:
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise ConfigError(problem)
+    return Path(path)
 
 
 def load_model(
@@ -146,11 +188,14 @@ def load_model(
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        _checkpoint_dir(path),
-        dtype=dtype or torch.float32,
-        local_files_only=True,
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            _checkpoint_dir(path),
+            dtype=dtype or torch.float32,
+            local_files_only=True,
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # what transformers raises
+        raise ConfigError(_unloadable(path, exc)) from exc
     model.eval()  # type: ignore[no-untyped-call]
     return model
 
@@ -159,7 +204,10 @@ def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerFast:
     """Load the tokenizer saved in the local checkpoint directory ``path`` (never downloads)."""
     from transformers import AutoTokenizer
 
-    tokenizer: Any = AutoTokenizer.from_pretrained(_checkpoint_dir(path), local_files_only=True)
+    try:
+        tokenizer: Any = AutoTokenizer.from_pretrained(_checkpoint_dir(path), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # what transformers raises
+        raise ConfigError(_unloadable(path, exc)) from exc
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(
             f"model path={str(path)!r}: its tokenizer is not a fast (tokenizers) tokenizer; "

@@ -24,6 +24,7 @@ from stalebound.sim.trace import (
     read_trace,
     trace_means,
 )
+from stalebound.userfiles import label, writable_dir_problem, writable_file_problem
 
 __all__ = ["register", "run_simulations"]
 
@@ -71,6 +72,12 @@ def register(subparsers: Any) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     try:
+        if args.plot is not None:  # before minutes of simulating, not after
+            problem = writable_dir_problem(
+                args.plot, label("plot", args.plot), fix="give a directory you can write to"
+            )
+            if problem:
+                raise ConfigError(problem)
         results = run_simulations(
             preset=args.preset,
             workload=args.workload,
@@ -93,8 +100,16 @@ def _main(args: argparse.Namespace) -> int:
     if args.plot:
         from stalebound.sim import plots
 
-        for path in plots.write_all(results, Path(args.plot)):
-            print(f"wrote {path}", file=sys.stderr)
+        try:
+            for path in plots.write_all(results, Path(args.plot)):
+                print(f"wrote {path}", file=sys.stderr)
+        except OSError as exc:  # the disk filled up, say
+            print(
+                f"stalebound simulate: {label('plot', args.plot)}: cannot write the plots "
+                f"({exc.strerror or exc}); free space there or give another directory",
+                file=sys.stderr,
+            )
+            return 1
     return 0
 
 
@@ -116,6 +131,12 @@ def run_simulations(
         raise ConfigError(f"staleness={bad[0]!r}: must be ≥ 0; 0 is synchronous training")
     if steps is not None and steps < 1:
         raise ConfigError(f"steps={steps!r}: must be ≥ 1 train steps")
+    if record:
+        problem = writable_file_problem(
+            record, label("record", record), fix="give a path you can write to"
+        )
+        if problem:
+            raise ConfigError(problem)
     cfg: WorkloadConfig = (
         load_workload(workload) if workload else load_preset(preset or "reference")
     )

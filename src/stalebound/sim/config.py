@@ -20,6 +20,8 @@ from typing import Any
 import yaml
 
 from stalebound.core.errors import ConfigError
+from stalebound.typedconfig import Problems, read_yaml
+from stalebound.userfiles import label
 
 __all__ = [
     "AgentConfig",
@@ -193,13 +195,14 @@ def load_preset(name: str) -> WorkloadConfig:
 def load_workload(path: str | Path) -> WorkloadConfig:
     """A workload from a YAML file; relative ``file`` paths are taken from its folder."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(
-            f"workload={str(path)!r}: cannot read it ({exc.strerror}); give an existing YAML file"
-        ) from None
-    return _from_text(text, str(p), str(p.parent))
+    data = read_yaml(
+        p,
+        label("workload", path),
+        fix="give an existing YAML file",
+        large_fix="a workload is a few kilobytes of settings; give measured lengths as a file "
+        "of values (lengths.file)",
+    )
+    return _from_data(data, str(p), str(p.parent))
 
 
 def _from_text(text: str, where: str, base_dir: str) -> WorkloadConfig:
@@ -207,6 +210,10 @@ def _from_text(text: str, where: str, base_dir: str) -> WorkloadConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"workload {where}: not valid YAML ({exc}); fix the syntax") from None
+    return _from_data(data, where, base_dir)
+
+
+def _from_data(data: Any, where: str, base_dir: str) -> WorkloadConfig:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -219,12 +226,12 @@ def _from_text(text: str, where: str, base_dir: str) -> WorkloadConfig:
 
 def workload_from_dict(data: Mapping[str, Any], *, base_dir: str = ".") -> WorkloadConfig:
     """Build and validate a :class:`WorkloadConfig` from plain data (as YAML gives it)."""
-    problems: list[str] = []
+    problems = Problems()  # a file of thousands of unknown keys lists the first and counts all
     built: WorkloadConfig = _build(WorkloadConfig, data, "", problems)
     cfg = dataclasses.replace(built, base_dir=base_dir)
-    problems += validate(cfg)  # a value of the wrong type kept its default: check the rest too
+    problems.extend(validate(cfg))  # a value of the wrong type kept its default: check the rest
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(problems, omitted=problems.omitted)
     return cfg
 
 

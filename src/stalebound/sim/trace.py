@@ -35,13 +35,14 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from stalebound.core.errors import ConfigError
 from stalebound.sim.workload import TrajectorySpec, split_turns
+from stalebound.userfiles import json_line, label, read_lines
 
 __all__ = [
     "TRACE_FORMAT",
@@ -161,19 +162,17 @@ def _need(ok: bool, path: str, line: int, what: str) -> None:
 def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
     """Parse a trace file; a malformed one raises :class:`ConfigError` naming the line."""
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(
-            f"replay={str(path)!r}: cannot read it ({exc.strerror}); give a trace file"
-        ) from None
+    lines = read_lines(
+        p, label("replay", path), fix="give a trace file (stalebound-trace JSON Lines)"
+    )
     records: list[TrajectoryRecord] = []
     header: TraceHeader | None = None
-    for number, line in enumerate(_nonblank(lines), 1):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"trace {p} line {number}: not JSON ({exc.msg})") from None
+    for number, line in enumerate(_nonblank(text for _, text, _ in lines), 1):
+        obj = json_line(
+            line,
+            f"trace {p} line {number}",
+            fix="give a trace written by stalebound train or stalebound simulate --record",
+        )
         _need(isinstance(obj, dict), str(p), number, "each line must be a JSON object")
         if number == 1:
             _need(
@@ -223,7 +222,7 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
                     outcome=obj.get("outcome"),
                 )
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             if isinstance(exc, ConfigError):
                 raise
             raise ConfigError(
@@ -235,7 +234,7 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
     return header, records
 
 
-def _nonblank(lines: list[str]) -> Iterator[str]:
+def _nonblank(lines: Iterable[str]) -> Iterator[str]:
     return (line for line in lines if line.strip())
 
 

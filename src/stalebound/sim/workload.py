@@ -20,6 +20,7 @@ from typing import NamedTuple, Protocol
 
 from stalebound.core.errors import ConfigError
 from stalebound.sim.config import DistributionConfig, WorkloadConfig
+from stalebound.userfiles import label, read_lines
 
 __all__ = [
     "SampledSource",
@@ -63,13 +64,8 @@ def _lognormal_params(d: DistributionConfig) -> tuple[float, float]:
 def _read_values(d: DistributionConfig, base_dir: str) -> list[float]:
     path = Path(base_dir) / str(d.file)
     values: list[float] = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(
-            f"file={d.file!r}: cannot read {path} ({exc.strerror}); give a file of values"
-        ) from None
-    for number, line in enumerate(lines, 1):
+    lines = read_lines(path, label("file", d.file), fix=f"give a file of values ({path})")
+    for number, line, _ in lines:
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
@@ -79,8 +75,11 @@ def _read_values(d: DistributionConfig, base_dir: str) -> list[float]:
             raise ConfigError(
                 f"file={d.file!r} line {number}={text!r}: not a number; one value per line"
             ) from None
-        if not x > 0:
-            raise ConfigError(f"file={d.file!r} line {number}={x!r}: values must be > 0")
+        if not 0 < x < math.inf:
+            raise ConfigError(
+                f"file={d.file!r} line {number}={x!r}: values must be finite and > 0; one "
+                "positive number per line"
+            )
         values.append(x)
     if not values:
         raise ConfigError(f"file={d.file!r}: holds no values; one positive number per line")

@@ -15,7 +15,6 @@ A *task* turns samples (a question and its reference answer) into prompts, score
 from __future__ import annotations
 
 import abc
-import json
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from stalebound.core.errors import ConfigError
 from stalebound.tasks.charset import check_text
 from stalebound.tasks.config import TaskConfig
 from stalebound.tasks.latency import latency_problems, sample_latency
+from stalebound.userfiles import json_line, label, read_lines
 
 if TYPE_CHECKING:
     from stalebound.tasks.workflow import TokenizerLike, Workflow
@@ -267,10 +267,8 @@ def load_samples(path: str | Path) -> list[Sample]:
     ``pyarrow``). Each record needs string-convertible ``question`` and ``answer``; ``id`` is
     optional (default: the record's index); other fields go to :attr:`Sample.data`."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(
-            f"task.data_path={str(path)!r}: no such file; give a JSONL or Parquet file"
-        )
+    head = label("task.data_path", path)
+    fix = "give a JSONL or Parquet file of question/answer records"
     records: list[dict[str, Any]]
     if p.suffix == ".parquet":
         try:
@@ -280,26 +278,28 @@ def load_samples(path: str | Path) -> list[Sample]:
                 f"task.data_path={str(path)!r}: reading Parquet needs pyarrow; "
                 "`pip install pyarrow` or convert the file to JSONL"
             ) from None
-        records = list(pq.read_table(p).to_pylist())
+        try:
+            records = list(pq.read_table(p).to_pylist())
+        except Exception as e:  # pyarrow's errors (a missing or damaged file) share no base
+            raise ConfigError(f"{head}: cannot read it as Parquet ({e}); {fix}") from None
     else:
         records = []
-        with p.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ConfigError(
-                        f"task.data_path={str(path)!r} line {lineno}: not JSON ({e.msg}); "
-                        "write one JSON object per line"
-                    ) from None
-                if not isinstance(rec, dict):
-                    raise ConfigError(
-                        f"task.data_path={str(path)!r} line {lineno}: {rec!r} is not an object; "
-                        'write records like {"question": "1+2", "answer": "3"}'
-                    )
-                records.append(rec)
+        # streamed line by line: a record longer than MAX_LINE_BYTES or a binary file is refused
+        # at its first line, without reading the rest into memory
+        for lineno, line, _ in read_lines(p, head, fix=fix):
+            if not line.strip():
+                continue
+            rec = json_line(
+                line,
+                f"task.data_path={str(path)!r} line {lineno}",
+                fix="write one JSON object per line",
+            )
+            if not isinstance(rec, dict):
+                raise ConfigError(
+                    f"task.data_path={str(path)!r} line {lineno}: {str(rec)[:80]!r} is not an "
+                    'object; write records like {"question": "1+2", "answer": "3"}'
+                )
+            records.append(rec)
     samples = []
     for i, rec in enumerate(records):
         missing = [k for k in ("question", "answer") if k not in rec]

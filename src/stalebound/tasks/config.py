@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
+from stalebound.typedconfig import bounds
+
 __all__ = [
     "ArithmeticConfig",
     "CalculatorConfig",
@@ -112,14 +114,17 @@ class TaskConfig:
     """A JSONL (or, with ``pyarrow`` installed, Parquet) file of samples with ``question`` and
     ``answer`` fields; ``"builtin"`` uses the file shipped for the task; ``None`` generates
     ``num_prompts`` samples from ``seed``."""
-    num_prompts: int = 2000
+    num_prompts: int = field(default=2000, metadata=bounds(ge=1, fix="generate at least one"))
     """How many samples to generate when ``data_path`` is ``None``."""
     seed: int = 0
     """Seed of the generated samples and of the tool and reward latencies."""
     partial_credit: bool = False
     """Give a wrong answer partial reward (each task documents its rule); off means exact match
     1.0, anything else 0.0."""
-    max_new_tokens: int = 12
+    max_new_tokens: int = field(
+        default=12,
+        metadata=bounds(ge=1, fix="e.g. 12 (the default): a turn needs room for its end token"),
+    )
     """Tokens the model may generate per turn (the end-of-turn token included); a turn that
     reaches it without ending is truncated."""
     reward_latency: RewardLatencyConfig = field(default_factory=RewardLatencyConfig)

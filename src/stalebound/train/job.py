@@ -369,6 +369,7 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     from stalebound.train.rollout import evaluate
     from stalebound.train.trainer import Trainer
     from stalebound.train.warmstart import warm_start
+    from stalebound.userfiles import check_run_paths
 
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     console = console or Console()
@@ -401,6 +402,7 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     # the task's own checks (and its prompt file) before the run directory is touched
     task = make_task(cfg.task)
     samples = list(task.samples())
+    check_run_paths(cfg, run_dir, resuming=resume is not None)  # the paths it names, before writing
     if resume is None:  # before anything starts: a run directory is never overwritten
         held = [
             n for n in ("metrics.jsonl", "ledger.jsonl", "checkpoints") if (run_dir / n).exists()

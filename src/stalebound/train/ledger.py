@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stalebound.core import ConfigError
+from stalebound.userfiles import json_line, read_lines
 
 __all__ = ["LEDGER_FILE", "Audit", "ItemLedger", "audit_run"]
 
@@ -31,19 +32,61 @@ LEDGER_FILE = "ledger.jsonl"
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
-    """The complete lines (a line cut short by a crash is left out)."""
+    """The ledger's lines. A last line cut short by a crash (no newline, not JSON) is left out;
+    any other line that is not a well-formed record — damaged in the middle, a binary file — is a
+    :class:`~stalebound.core.errors.ConfigError` naming its number and why, rather than items
+    silently counted as lost."""
     if not path.exists():
         return []
+    head = f"{path}"
+    fix = (
+        "the ledger is damaged: restore it from a copy (without the line, the items of its step "
+        "cannot be accounted for)"
+    )
     lines = []
-    for raw in path.read_text(encoding="utf-8").splitlines():
+    for number, raw, ended in read_lines(path, head, fix=fix):
         try:
-            record = json.loads(raw)
-        except ValueError:
-            break
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-            break
+            record = json_line(raw, f"{head} line {number}", fix=fix)
+        except ConfigError:
+            if not ended:
+                break  # the last line, cut short by a crash
+            raise
+        why = _malformed(record)
+        if why is not None:
+            raise ConfigError(f"{head} line {number}: {why}; {fix}")
         lines.append(record)
     return lines
+
+
+def _items(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in value
+    )
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _malformed(record: Any) -> str | None:
+    """Why a parsed line is not a ledger record (``ItemLedger.record``'s shape), or ``None``."""
+    if not isinstance(record, dict):
+        return f"holds {_shown(record)}, not a record"
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return f"step={step!r}: must be an integer"
+    if not _items(record.get("trained")):
+        return f"trained={_shown(record.get('trained'))}: must be a list of item numbers"
+    ended = record.get("ended")
+    if not isinstance(ended, dict) or not all(
+        isinstance(k, str) and _items(v) for k, v in ended.items()
+    ):
+        return (
+            f"ended={_shown(ended)}: must map each outcome to a list of item numbers, like "
+            '{"filtered": [3]}'
+        )
+    return None
 
 
 class ItemLedger:
