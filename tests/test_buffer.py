@@ -13,6 +13,7 @@ from stalebound import (
     Reservation,
     StalenessBuffer,
 )
+from stalebound.core import BufferPolicy
 
 
 def fill(buf: StalenessBuffer, *ids: str) -> list[int]:
@@ -423,3 +424,30 @@ def test_pull_forward_fills_the_head_from_later_buffers_in_order() -> None:
     assert buf.occupied_groups(2) == ("b",)
     assert buf.statistics().pulled_forward == 2
     assert [g.group_id for g in buf.consume().groups] == ["c", "a"]
+
+
+def test_a_huge_staleness_bound_costs_memory_for_the_buffers_in_use_only() -> None:
+    # AReaL users write max_head_offpolicyness=1000 (or more) for "no bound": a snapshot, the
+    # progress line and the rows of the live view must not walk or store η + 1 buffers.
+    from stalebound.core.filters import buffer_progress
+    from stalebound.obs.records import buffer_rows
+
+    buf = StalenessBuffer(batch_size=2, staleness=10**9)
+    assert buf.try_reserve("a") == Reservation("a", 0, 10**9)
+    buf.occupy("a")
+    assert buf.versions_in_use() == [0]
+    assert buf.try_reserve("b") == Reservation("b", 0, 10**9)
+    states = buf.statistics().buffer_states
+    assert len(states) == 10**9 + 1
+    assert (states[0], states[5], states[10**9]) == (
+        BufferState.PENDING,
+        BufferState.PENDING,
+        BufferState.PENDING,
+    )
+    assert 10**9 + 1 not in states
+    assert [r.version for r in buffer_rows(buf)] == [0, 10**9]
+    assert buffer_progress(buf).count("|") == 1
+    assert buf.pull_forward() == ()
+    restored = BufferPolicy(StalenessBuffer(batch_size=2, staleness=10**9))
+    restored.load_snapshot(BufferPolicy(buf).snapshot())
+    assert restored.is_running("b") and not restored.is_running("a")

@@ -415,6 +415,29 @@ def test_get_capacity_counts_queued_submissions() -> None:
         assert ex.get_capacity() == 3
 
 
+def test_a_huge_eta_admits_at_most_eight_batches_and_the_first_finished_make_a_batch() -> None:
+    # η = 1000 without max_concurrent_rollouts once admitted (η + 1)·B′ groups at once; the head
+    # buffer's entries were reserved last, so the first step waited for all of them.
+    engine = ScriptedEngine()
+    with make(engine, max_head_offpolicyness=1000, consumer_batch_size=2) as ex:
+        assert ex.get_capacity() == 8 * 2
+        loader = iter(range(10**6))
+        batch: list[list[Trajectory]] = []
+        trainer = threading.Thread(
+            target=lambda: batch.append(ex.prepare_batch(loader, Generate())), daemon=True
+        )
+        trainer.start()
+        engine.wait_calls(16)
+        quiesce(ex, engine)
+        assert len(engine.pending()) == 16  # no more than 8 batches in flight
+        first, second = engine.pending()[:2]
+        engine.answer(first)
+        engine.answer(second)
+        trainer.join(timeout=20)
+        assert sorted(t.data["data"] for t in batch[0]) == [0, 1]  # the first two finished
+        assert ex.statistics().policy.consumed == 2
+
+
 def test_queue_full_is_refused_clearly() -> None:
     with make(ScriptedEngine(), queue_size=2) as ex:
         ex.pause()

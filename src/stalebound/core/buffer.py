@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 from bisect import insort
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -138,6 +138,32 @@ class BufferStatistics:
     @property
     def max_consumed_staleness(self) -> int | None:
         return max(self.staleness_histogram) if self.staleness_histogram else None
+
+
+class _WindowStates(Mapping[int, BufferState]):
+    """The state of every buffer ``v … v + η``, stored sparsely: the buffers that hold entries
+    are listed, every other buffer of the window is EMPTY-only, hence PENDING. So a snapshot
+    costs memory for the buffers in use, never for η (which may be huge: AReaL users write
+    ``max_head_offpolicyness=1000`` for "no bound")."""
+
+    __slots__ = ("_held", "_top", "_v")
+
+    def __init__(self, v: int, top: int, held: dict[int, BufferState]) -> None:
+        self._v, self._top, self._held = v, top, held
+
+    def __getitem__(self, buffer_version: int) -> BufferState:
+        if not (isinstance(buffer_version, int) and self._v <= buffer_version <= self._top):
+            raise KeyError(buffer_version)
+        return self._held.get(buffer_version, BufferState.PENDING)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self._v, self._top + 1))
+
+    def __len__(self) -> int:
+        return self._top - self._v + 1
+
+    def __repr__(self) -> str:
+        return f"<buffers {self._v}…{self._top}: {self._held} held, the rest PENDING>"
 
 
 class _Group:
@@ -261,6 +287,11 @@ class StalenessBuffer:
                 EntryState.OCCUPIED: occ,
             }
         )
+
+    def versions_in_use(self) -> list[int]:
+        """The buffers of the window that hold at least one entry, in version order. Every other
+        buffer is empty (PENDING): walk these rather than all ``η + 1``, which may be huge."""
+        return sorted(bv for bv, b in self._buffers.items() if b.reserved or b.occupied)
 
     def reserved_groups(self, buffer_version: int) -> tuple[Hashable, ...]:
         """Ids of the RESERVED groups in a buffer, in reservation order."""
@@ -478,7 +509,9 @@ class StalenessBuffer:
         dst = self._buffers.get(target)
         if dst is None:
             dst = _Buffer()
-        for bv in range(target + 1, self._v + self.staleness + 1):
+        for bv in self.versions_in_use():  # the later buffers holding entries, not all η of them
+            if bv <= target:
+                continue
             src = self._buffers.get(bv)
             while src and src.occupied and self._accepts(dst):
                 g = src.occupied.pop(0)
@@ -492,7 +525,7 @@ class StalenessBuffer:
 
     def statistics(self) -> BufferStatistics:
         """A frozen snapshot of every counter."""
-        window = range(self._v, self._v + self.staleness + 1)
+        top = self._v + self.staleness
         return BufferStatistics(
             version=self._v,
             batch_size=self.batch_size,
@@ -510,8 +543,10 @@ class StalenessBuffer:
             refused=self._refused,
             replaced=self._replaced,
             pulled_forward=self._pulled_forward,
-            buffer_states=MappingProxyType(
-                {bv: self._state(self._buffers.get(bv)) for bv in window}
+            buffer_states=_WindowStates(
+                self._v,
+                top,
+                {bv: self._state(self._buffers[bv]) for bv in self.versions_in_use()},
             ),
             staleness_histogram=MappingProxyType(dict(sorted(self._histogram.items()))),
         )

@@ -278,10 +278,11 @@ def eligible_targets(
 
 
 def buffer_progress(buf: StalenessBuffer) -> str:
-    """One line per window: each buffer's occupied / reserved / empty entries and state."""
+    """One line per window: the head buffer's and each buffer's in use occupied / reserved /
+    empty entries and state (the others are empty; η may be huge)."""
     v = buf.version
     parts = []
-    for b in range(v, v + buf.staleness + 1):
+    for b in sorted({v, *buf.versions_in_use()}):
         e = buf.entries(b)
         parts.append(
             f"b{b} {buf.state(b).name} occ {e[EntryState.OCCUPIED]} "

@@ -271,9 +271,7 @@ class BufferPolicy:
             aborted = Counter({str(k): int(n) for k, n in snapshot["aborted"].items()})
         self.buffer = buffer
         self._running = {
-            gid
-            for bv in range(buffer.version, buffer.version + buffer.staleness + 1)
-            for gid in buffer.reserved_groups(bv)
+            gid for bv in buffer.versions_in_use() for gid in buffer.reserved_groups(bv)
         }
         self._admitted, self._completed, self._aborted = admitted, completed, aborted
 

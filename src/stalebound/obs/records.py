@@ -106,9 +106,10 @@ class BufferRow:
 
 
 def buffer_rows(buf: StalenessBuffer) -> list[BufferRow]:
-    """The rows of every buffer in ``buf``'s window ``v … v + η``, head buffer first."""
+    """The rows of the head buffer and of every buffer of ``buf``'s window that holds an entry,
+    head first (the others are empty; the window ``v … v + η`` may be huge)."""
     rows = []
-    for bv in range(buf.version, buf.version + buf.staleness + 1):
+    for bv in sorted({buf.version, *buf.versions_in_use()}):
         counts = buf.entries(bv)
         rows.append(
             BufferRow(

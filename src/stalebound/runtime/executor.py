@@ -110,6 +110,13 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _RECENT_FAILURES = 8
 
+DEFAULT_BATCHES_IN_FLIGHT = 8
+"""Without ``max_concurrent_rollouts``, at most this many batches (``8·B′`` groups) generate at
+once, however large η is. The window allows ``(η + 1)·B′``, but beyond a few batches admission only
+floods the engines: with ``η = 1000`` it would launch 1001 batches at once, and the first step
+would wait for the last of them (its head buffer is reserved last). Set
+``max_concurrent_rollouts`` to go beyond it."""
+
 
 class WorkflowProtocol(Protocol):
     """A rollout workflow: one call generates one trajectory (``None`` rejects it)."""
@@ -291,7 +298,7 @@ def _resolve(config: RolloutConfig, dp: int) -> _Settings:
         else _per_rank("buffer_size", config.buffer_size, dp, problems)
     )
     concurrent = (
-        (eta + 1) * buffer_size
+        min(eta + 1, DEFAULT_BATCHES_IN_FLIGHT) * buffer_size
         if config.max_concurrent_rollouts is None
         else _per_rank("max_concurrent_rollouts", config.max_concurrent_rollouts, dp, problems)
     )

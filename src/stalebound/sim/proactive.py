@@ -43,7 +43,7 @@ def retry_can_fill_head(buf: StalenessBuffer) -> bool:
     entries are aborted: OCCUPIED groups in later buffers ≥ B − OCCUPIED in the head."""
     v = buf.version
     missing = buf.batch_size - buf.entries(v)[EntryState.OCCUPIED]
-    later = sum(buf.entries(b)[EntryState.OCCUPIED] for b in range(v + 1, v + buf.staleness + 1))
+    later = sum(buf.entries(b)[EntryState.OCCUPIED] for b in buf.versions_in_use() if b > v)
     return later >= missing
 
 
