@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,3 +162,48 @@ def test_the_audit_accounts_for_every_prompt_and_catches_a_tampered_ledger(
     assert (audit.missing, audit.duplicates, audit.unknown) == ((lost,), (twice,), (10**6,))
     assert main(["audit", str(bad)]) == 1
     assert "1 counted twice" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda t: b"\xff\xfe" + t, "line 1: not UTF-8 text (byte 0 is 0xff"),
+        (lambda t: bytes(reversed(range(256))) * 16, "line 1: not UTF-8 text"),
+        (lambda t: t.replace(b'"ended": {}', b'"ended": []', 1), "line 1: ended=[]: must map"),
+        (lambda t: t.replace(b'"trained": [', b'"trained": "96", "x": [', 1), 'line 1: trained="96"'),
+        (
+            lambda t: b"\n".join(ln[:40] if i == 1 else ln for i, ln in enumerate(t.split(b"\n"))),
+            "line 2: not JSON (",
+        ),
+    ],
+    ids=["not UTF-8", "binary", "ended a list", "trained a string", "a broken middle line"],
+)
+def test_a_damaged_ledger_is_reported_by_line_not_as_lost_items(
+    run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    damage: Any,
+    expected: str,
+) -> None:
+    import shutil
+
+    bad = tmp_path / "run"
+    shutil.copytree(run, bad)
+    ledger = bad / "ledger.jsonl"
+    ledger.write_bytes(damage(ledger.read_bytes()))
+    assert main(["audit", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"stalebound audit: {ledger} {expected}"), err
+    assert "restore it from a copy" in err and "Traceback" not in err and "lost" not in err
+
+
+def test_a_ledger_cut_short_by_a_crash_is_still_audited(run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from stalebound.train.ledger import audit_run
+
+    bad = tmp_path / "run"
+    shutil.copytree(run, bad)
+    with (bad / "ledger.jsonl").open("a") as f:
+        f.write('{"step": 41, "trained": [1, 2')  # the line a crash interrupted
+    assert audit_run(bad).ok
