@@ -33,6 +33,8 @@ def files(tmp: Path) -> None:
     (tmp / "nomodeltype" / "config.json").write_text("{}")
     (tmp / "runs").mkdir()
     (tmp / "afile").write_text("x")
+    (tmp / "damaged_run").mkdir()
+    (tmp / "damaged_run" / "metrics.jsonl").write_bytes(bytes(reversed(range(256))))
     lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
     (tmp / "bomb.yaml").write_text("\n".join(lines) + "\n")
@@ -140,6 +142,12 @@ ROWS = [
         "record with a name too long",
         ["simulate", "--record", LONG, "--steps", "5", "--policy", "buffer"],
         "cannot write there (File name too long)",
+    ),
+    ("plot a name too long", ["plot", f"runs/{LONG}"], "run directory 'runs/aaaa"),
+    (
+        "plot a binary metrics file",
+        ["plot", "damaged_run"],
+        "damaged_run/metrics.jsonl line 1: not UTF-8 text",
     ),
     (
         "plot under a file",

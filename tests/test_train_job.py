@@ -170,7 +170,10 @@ def test_the_audit_accounts_for_every_prompt_and_catches_a_tampered_ledger(
         (lambda t: b"\xff\xfe" + t, "line 1: not UTF-8 text (byte 0 is 0xff"),
         (lambda t: bytes(reversed(range(256))) * 16, "line 1: not UTF-8 text"),
         (lambda t: t.replace(b'"ended": {}', b'"ended": []', 1), "line 1: ended=[]: must map"),
-        (lambda t: t.replace(b'"trained": [', b'"trained": "96", "x": [', 1), 'line 1: trained="96"'),
+        (
+            lambda t: t.replace(b'"trained": [', b'"trained": "96", "x": [', 1),
+            'line 1: trained="96"',
+        ),
         (
             lambda t: b"\n".join(ln[:40] if i == 1 else ln for i, ln in enumerate(t.split(b"\n"))),
             "line 2: not JSON (",

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stalebound.core import EntryState, ProtocolError
+from stalebound.userfiles import read_lines
 
 if TYPE_CHECKING:
     from stalebound.core import StalenessBuffer
@@ -258,22 +259,18 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     crash mid-write) is skipped with a warning; a malformed line elsewhere is a ``ProtocolError``."""
     if not path.exists():
         return
-    with path.open("r", encoding="utf-8") as fh:
-        lines = fh.read().split("\n")
-    # A file written completely ends with "\n", so the last element is "" or an unfinished line.
-    tail = lines.pop()
-    if tail.strip():
-        log.warning("%s: skipping an unfinished last line (%d characters)", path, len(tail))
-    for number, line in enumerate(lines, start=1):
+    fix = "the file is damaged, remove or repair that line"
+    for number, line, ended in read_lines(path, str(path), fix=fix):  # streamed, UTF-8 checked
+        if not ended:  # a file written completely ends with "\n": this line was cut short
+            if line.strip():
+                log.warning("%s: skipping an unfinished last line (%d characters)", path, len(line))
+            return
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ProtocolError(
-                f"{path}:{number}: not a JSON object ({exc}); the file is damaged, remove or repair "
-                "that line"
-            ) from None
+        except ValueError as exc:  # not JSON, or an integer past Python's digit limit
+            raise ProtocolError(f"{path}:{number}: not a JSON object ({exc}); {fix}") from None
         if not isinstance(record, dict):
             raise ProtocolError(f"{path}:{number}: expected a JSON object, got {line[:40]!r}")
         yield record
@@ -282,7 +279,14 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 def load_run(run_dir: str | Path) -> RunData:
     """Read a run directory's metrics, staleness counts and buffer samples."""
     root = Path(run_dir)
-    if not root.is_dir():
+    try:
+        is_dir = root.is_dir()
+    except OSError as exc:  # a name too long, say
+        raise ProtocolError(
+            f"run directory {str(root)!r}: cannot read it ({exc.strerror}); pass the directory "
+            "a run wrote"
+        ) from None
+    if not is_dir:
         raise ProtocolError(
             f"run directory {str(root)!r} does not exist; pass the directory a run wrote"
         )
