@@ -478,9 +478,13 @@ python -m stalebound.config my.yaml --consumer-batch-size 16   # print the resol
   `psrl.redundant_rollout.buffer_size` (entries per buffer, B′ → `rollout.buffer_size`) and
   `psrl.redundant_rollout.rollout_n` (trajectories launched per group, N′ →
   `rollout.group_redundancy`), after PSRL's own `rollout_n` for N.
-* **Errors**: every problem is reported at once, one per line, as `name=value: why; the fix`.
-  Types are checked strictly: `"abc"` is not an integer, `4.0` is not an integer (an integer is a
-  valid float), `null` is accepted only where the type says `or null`.
+* **Errors**: every problem is reported at once, one per line, as `name=value: why; the fix` (the
+  first 20 spelt out, then how many more). Types are checked strictly: `"abc"` is not an integer,
+  `4.0` is not an integer (an integer is a valid float), `null` is accepted only where the type
+  says `or null`.
+* **Limits**: a YAML file may hold at most 1 MiB and 10,000 values, each alias counted as the
+  whole value it names (a configuration holds a few hundred); larger files, and alias bombs, are
+  refused before they are built.
 
 Why dataclasses with our own validation rather than pydantic or OmegaConf's structured configs: the
 tree stays plain typed Python (mypy checks every use of a setting, and each field's docstring is its
