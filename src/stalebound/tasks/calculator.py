@@ -35,7 +35,7 @@ from stalebound.tasks.workflow import (
     decode_text,
     encode_prompt,
     encode_text,
-    eos_id,
+    stop_ids,
 )
 
 __all__ = ["CalculatorTask", "CalculatorWorkflow", "calculate", "parse_tool_call"]
@@ -116,7 +116,7 @@ class CalculatorWorkflow:
     def __init__(self, task: CalculatorTask, tokenizer: TokenizerLike) -> None:
         self.task = task
         self.tokenizer = tokenizer
-        self.eos = eos_id(tokenizer)
+        self.stops = stop_ids(tokenizer)
 
     async def run(self, generate: GenerateFn, sample: Sample) -> Trajectory:
         cfg = self.task.config
@@ -130,7 +130,7 @@ class CalculatorWorkflow:
         calls = 0
         waited = 0.0
         for _ in range(cfg.calculator.max_turns):
-            gen = await generate(prompt_ids + out, cfg.max_new_tokens, (self.eos,))
+            gen = await generate(prompt_ids + out, cfg.max_new_tokens, self.stops)
             out += list(gen.output_ids)
             logprobs += [float(x) for x in gen.output_logprobs]
             versions += [int(v) for v in gen.output_versions]

@@ -33,10 +33,12 @@ __all__ = [
     "TokenizerLike",
     "Workflow",
     "await_reward",
+    "context_problems",
     "decode_text",
     "encode_prompt",
     "encode_text",
     "eos_id",
+    "stop_ids",
 ]
 
 
@@ -95,10 +97,57 @@ def encode_text(tokenizer: TokenizerLike, text: str) -> list[int]:
 
 
 def encode_prompt(tokenizer: TokenizerLike, text: str) -> list[int]:
-    """A prompt's token ids: the beginning-of-sequence token (if the tokenizer has one), then
-    ``text``."""
+    """A prompt's token ids. With a chat template (a Hugging Face tokenizer's ``chat_template``):
+    ``text`` as the user's message, rendered by the template with the generation prompt (the
+    assistant's header) appended. Without one: the beginning-of-sequence token (if the tokenizer
+    has one), then ``text``."""
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        # The template writes the special tokens itself (as text, which encodes to their ids).
+        return encode_text(tokenizer, str(rendered))
     bos = tokenizer.bos_token_id
     return ([int(bos)] if bos is not None else []) + encode_text(tokenizer, text)
+
+
+def stop_ids(tokenizer: TokenizerLike) -> tuple[int, ...]:
+    """The ids generation stops on: the end-of-sequence token first (the one the tasks end a model
+    turn with), then the checkpoint's other end-of-sequence ids (``tokenizer.stop_token_ids``,
+    set by :func:`stalebound.engines.models.load_tokenizer` from the generation config)."""
+    extra = getattr(tokenizer, "stop_token_ids", None) or ()
+    return tuple(dict.fromkeys([eos_id(tokenizer), *(int(i) for i in extra)]))
+
+
+def context_problems(
+    task: Task, tokenizer: TokenizerLike, samples: Sequence[Sample], max_positions: int
+) -> list[str]:
+    """A problem (``name=value: why; the fix``) if the longest rendered prompt plus
+    ``task.max_new_tokens`` exceeds the model's ``max_positions``; empty if every first turn fits.
+
+    Refusing up front (rather than truncating prompts) keeps what the model sees equal to what the
+    task asked. Later turns of multi-turn episodes that reach the limit end with finish reason
+    ``length`` and are truncated episodes, as any turn cut by ``max_new_tokens``.
+    """
+    longest, which = 0, ""
+    for sample in samples:
+        n = len(encode_prompt(tokenizer, task.prompt(sample)))
+        if n > longest:
+            longest, which = n, sample.id
+    new = task.config.max_new_tokens
+    if longest + new <= max_positions:
+        return []
+    room = max_positions - longest
+    fix = (
+        f"lower task.max_new_tokens to {room} or less, or use a model with a longer context"
+        if room > 0
+        else "shorten the prompts, or use a model with a longer context"
+    )
+    return [
+        f"task.max_new_tokens={new}: the longest prompt (sample {which!r}, {longest} tokens as "
+        f"rendered) plus {new} new tokens exceeds the model's max_position_embeddings="
+        f"{max_positions}; {fix}"
+    ]
 
 
 def decode_text(tokenizer: TokenizerLike, ids: Sequence[int]) -> str:
@@ -124,7 +173,7 @@ class SingleTurnWorkflow:
     def __init__(self, task: Task, tokenizer: TokenizerLike) -> None:
         self.task = task
         self.tokenizer = tokenizer
-        self.eos = eos_id(tokenizer)
+        self.stops = stop_ids(tokenizer)
         # Every member of a group encodes the same prompt: keep the last few encodings.
         self._prompts: dict[str, list[int]] = {}
 
@@ -139,7 +188,7 @@ class SingleTurnWorkflow:
 
     async def run(self, generate: GenerateFn, sample: Sample) -> Trajectory:
         prompt_ids = self._encode_prompt(sample)
-        gen = await generate(prompt_ids, self.task.config.max_new_tokens, (self.eos,))
+        gen = await generate(prompt_ids, self.task.config.max_new_tokens, self.stops)
         truncated = gen.finish_reason != "stop"
         response = decode_text(self.tokenizer, gen.output_ids)
         metrics = self.task.metrics(sample, response, truncated=truncated)

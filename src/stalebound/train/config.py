@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from stalebound.core.errors import ConfigError
+from stalebound.engines.devices import device_problems
 
 __all__ = ["TrainConfig"]
 
@@ -81,6 +82,24 @@ class TrainConfig:
     """Compute the policy entropy of trained tokens for the statistics (one softmax pass)."""
     num_threads: int | None = None
     """``torch.set_num_threads`` for the trainer; ``None`` leaves torch's setting."""
+    device: str = "auto"
+    """Where the job trains: ``auto`` (a CUDA GPU when there is one, else the CPU), ``cpu``,
+    ``cuda`` or ``cuda:N``. A :class:`~stalebound.train.trainer.Trainer` built by hand trains the
+    model where it is (place it with ``load_model(path, device=...)``)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute precision of the trainer's forward passes (mixed precision: the weights and the
+    optimizer stay float32). ``float16`` needs a CUDA device (it adds a gradient scaler)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them (less memory, about a
+    third more compute per step)."""
+    micro_batch_tokens: int | None = None
+    """The most padded tokens (rows × longest row) one forward/backward pass takes; a larger
+    minibatch is split into micro-batches whose gradients are accumulated before the optimizer
+    step, so a step computes what one big batch would (up to float rounding). A row longer than
+    the budget is a micro-batch of its own. ``None`` runs each minibatch in one pass."""
+    compile: bool = False
+    """Run the trainer's forward passes through ``torch.compile`` (off: compiling costs minutes at
+    start and gains little on small models)."""
     seed: int = 0
     """Seed of warm start's shuffling and sampling."""
     warm_start_steps: int = 40
@@ -139,6 +158,12 @@ class TrainConfig:
             p.append(f"train.entropy_coef={self.entropy_coef}: must be a finite number (0 is off)")
         if self.num_threads is not None and self.num_threads < 1:
             p.append(f"train.num_threads={self.num_threads}: must be >= 1, or null")
+        p.extend(device_problems("train", self.device, self.dtype))
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            p.append(
+                f"train.micro_batch_tokens={self.micro_batch_tokens}: must be >= 1 (e.g. 16384), "
+                "or null for one pass per minibatch"
+            )
         if self.warm_start_steps < 0:
             p.append(f"train.warm_start_steps={self.warm_start_steps}: must be >= 0")
         if self.warm_start_batch_size < 1:

@@ -195,6 +195,7 @@ def _make_http_engines(cfg: StaleboundConfig) -> list[Any]:
             api="generate" if continue_ else "completions",
             interrupt_mode=e.interrupt_mode,
             seed=cfg.seed + i,
+            weight_transfer=e.weight_transfer,
         )
         for i, url in enumerate(e.urls)
     ]
@@ -222,6 +223,8 @@ def _make_engine(
             interrupt_mode=e.interrupt_mode,
             num_threads=e.num_threads,
             name=f"local{i}",
+            device=e.device,
+            dtype=e.dtype,
         )
         for i in range(e.replicas)
     ]
@@ -354,11 +357,18 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     import torch
     import transformers
 
-    from stalebound.engines.models import build_default_model, load_model, load_tokenizer
+    from stalebound.engines.devices import resolve_device
+    from stalebound.engines.models import (
+        build_default_model,
+        checkpoint_info,
+        load_model,
+        load_tokenizer,
+    )
     from stalebound.obs.live import LiveView, summary_table
     from stalebound.obs.metrics import RunLogger
     from stalebound.runtime import WorkflowExecutor
     from stalebound.tasks import make_task
+    from stalebound.tasks.workflow import context_problems
     from stalebound.train.checkpoint import (
         atomic_write_text,
         open_checkpoint,
@@ -403,6 +413,18 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     task = make_task(cfg.task)
     samples = list(task.samples())
     check_run_paths(cfg, run_dir, resuming=resume is not None)  # the paths it names, before writing
+    if resume is not None:
+        base_dir = resume.path
+    elif cfg.engine.model_path:
+        base_dir = Path(cfg.engine.model_path)
+    else:
+        base_dir = build_default_model(Path(cfg.engine.cache_dir) / f"default-seed{cfg.seed}")
+    # the checkpoint's own limits (context length, chat template) against the task's prompts
+    tokenizer = load_tokenizer(base_dir)
+    too_long = context_problems(task, tokenizer, samples, checkpoint_info(base_dir).max_positions)
+    if too_long:
+        raise ConfigError(too_long)
+    train_device = resolve_device(cfg.train.device)
     if resume is None:  # before anything starts: a run directory is never overwritten
         held = [
             n for n in ("metrics.jsonl", "ledger.jsonl", "checkpoints") if (run_dir / n).exists()
@@ -429,8 +451,7 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     progress = _Progress()
     if resume is not None:
         policy_dir = resume.path
-        model = load_model(policy_dir)
-        tokenizer = load_tokenizer(policy_dir)
+        model = load_model(policy_dir, device=train_device)
         progress = _Progress(**saved["progress"])
         eval_before = float(saved["eval_before"])
         warm_start_s = float(saved["warm_start_s"])
@@ -439,12 +460,7 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
             f"{resume.version}"
         )
     else:
-        if cfg.engine.model_path:
-            base_dir = Path(cfg.engine.model_path)
-        else:
-            base_dir = build_default_model(Path(cfg.engine.cache_dir) / f"default-seed{cfg.seed}")
-        model = load_model(base_dir)
-        tokenizer = load_tokenizer(base_dir)
+        model = load_model(base_dir, device=train_device)
         ws = warm_start(
             model,
             tokenizer,
@@ -511,7 +527,8 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
 
     def publish(state_dict: Any, version: int) -> None:
         source: Any = state_dict
-        if http:  # servers reload from a directory: write it atomically, keep the last two
+        if http and cfg.engine.weight_transfer == "disk":
+            # servers reload from a directory: write it atomically, keep the last two
             source = run_dir / "weights" / f"v{version}"
             tmp = source.with_name(source.name + ".tmp")
             model.save_pretrained(tmp)

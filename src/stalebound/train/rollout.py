@@ -21,6 +21,7 @@ from stalebound.tasks.workflow import (
     decode_text,
     encode_prompt,
     eos_id,
+    stop_ids,
 )
 
 __all__ = ["LocalGenerateFn", "LocalGeneration", "evaluate", "generate_batch", "rollout_groups"]
@@ -42,18 +43,19 @@ def generate_batch(
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
-    eos_token_id: int,
+    eos_token_id: int | Sequence[int],
     pad_token_id: int,
     temperature: float = 1.0,
     version: int = 0,
 ) -> list[LocalGeneration]:
     """Sample a continuation of every prompt (left-padded into one batch, KV-cached).
 
-    ``temperature`` 0 is greedy. Each sequence stops after ``eos_token_id`` (included, finish
-    reason ``stop``) or ``max_new_tokens`` tokens (``length``). Seed with ``torch.manual_seed``.
+    ``temperature`` 0 is greedy. Each sequence stops after ``eos_token_id`` (one id or several;
+    included, finish reason ``stop``) or ``max_new_tokens`` tokens (``length``). Seed with ``torch.manual_seed``.
     """
     was_training = model.training
     model.eval()
+    stops = [eos_token_id] if isinstance(eos_token_id, int) else [int(i) for i in eos_token_id]
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
@@ -61,15 +63,16 @@ def generate_batch(
         ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
         attn[i, width - len(p) :] = 1
     greedy = temperature == 0
+    device = next(model.parameters()).device
     out = model.generate(
-        input_ids=ids,
-        attention_mask=attn,
+        input_ids=ids.to(device),
+        attention_mask=attn.to(device),
         max_new_tokens=max_new_tokens,
         do_sample=not greedy,
         temperature=None if greedy else temperature,
         top_k=None,
         top_p=None,
-        eos_token_id=eos_token_id,
+        eos_token_id=stops,
         pad_token_id=pad_token_id,
         output_logits=True,
         return_dict_in_generate=True,
@@ -78,12 +81,13 @@ def generate_batch(
         model.train()
     new = out.sequences[:, width:]
     logp = torch.stack([torch.log_softmax(x.float(), -1) for x in out.logits], dim=1)
-    chosen = logp.gather(-1, new[:, :, None]).squeeze(-1)
+    chosen = logp.gather(-1, new[:, :, None]).squeeze(-1).cpu()
+    new = new.cpu()
     results = []
     for i in range(len(prompts)):
         toks = new[i].tolist()
-        n = toks.index(eos_token_id) + 1 if eos_token_id in toks else len(toks)
-        finish = "stop" if n and toks[n - 1] == eos_token_id else "length"
+        n = next((j + 1 for j, t in enumerate(toks) if t in stops), len(toks))
+        finish = "stop" if n and toks[n - 1] in stops else "length"
         results.append(
             LocalGeneration(tuple(toks[:n]), tuple(chosen[i, :n].tolist()), (version,) * n, finish)
         )
@@ -107,7 +111,7 @@ class LocalGenerateFn:
             self.model,
             [input_ids],
             max_new_tokens=max_new_tokens,
-            eos_token_id=eos,
+            eos_token_id=[int(i) for i in stop_token_ids],
             pad_token_id=eos,
             temperature=self.temperature,
             version=self.version,
@@ -142,7 +146,7 @@ def rollout_groups(
         model,
         flat,
         max_new_tokens=task.config.max_new_tokens,
-        eos_token_id=eos,
+        eos_token_id=stop_ids(tokenizer),
         pad_token_id=int(pad),
         temperature=temperature,
         version=version,

@@ -137,12 +137,19 @@ def build_batch(trajectories: Sequence[Trajectory], pad_token_id: int) -> TokenB
     )
 
 
+def _to(batch: TokenBatch, device: torch.device) -> TokenBatch:
+    if device.type == "cpu":
+        return batch
+    return TokenBatch(**{k: v.to(device) for k, v in vars(batch).items()})
+
+
 def token_logprobs(
     model: Any, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probabilities ``[B, L − 1]`` of ``input_ids[:, 1:]`` under ``model`` (temperature 1),
     and the entropy of each of those next-token distributions if asked."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logits = logits[:, :-1].float()
     logp = torch.log_softmax(logits, dim=-1)
     out = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     entropy = None
@@ -154,7 +161,9 @@ def token_logprobs(
 class Trainer:
     """GRPO with PPO clipping and the off-policy corrections of :class:`TrainConfig`.
 
-    ``model`` is any Hugging Face causal LM (``model(input_ids, attention_mask).logits``);
+    ``model`` is any Hugging Face causal LM (``model(input_ids, attention_mask).logits``); it
+    trains on the device it is on (``load_model(path, device=...)`` places it; the job does so from
+    ``train.device``), with the forward passes in ``config.dtype`` (mixed precision).
     ``tokenizer`` supplies the padding id (its ``pad_token_id``, else ``eos_token_id``). The trainer
     owns an AdamW optimizer over the model's parameters. ``version`` is the policy version of the
     model's current weights; each :meth:`step` makes it ``version + 1``.
@@ -188,6 +197,19 @@ class Trainer:
             betas=c.betas,
             weight_decay=c.weight_decay,
         )
+        self.device = next(model.parameters()).device
+        if c.dtype == "float16" and self.device.type != "cuda":
+            raise ConfigError(
+                f"train.dtype='float16' with the model on {self.device}: float16 needs a CUDA "
+                "device; use bfloat16 or float32 on the CPU"
+            )
+        self._autocast_dtype = None if c.dtype == "float32" else getattr(torch, c.dtype)
+        # float16 gradients underflow without loss scaling; bfloat16 has float32's range
+        self._scaler = torch.amp.GradScaler("cuda") if c.dtype == "float16" else None
+        if c.gradient_checkpointing:  # renamed in newer transformers
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            (enable or model.gradient_checkpointing_enable)()
+        self._forward: Any = torch.compile(model) if c.compile else model
 
     @property
     def version(self) -> int:
@@ -199,8 +221,41 @@ class Trainer:
         self._hooks.append(callback)
 
     def state_dict_for_engines(self) -> dict[str, Tensor]:
-        """The model's weights as detached, contiguous CPU tensors (safe to send or save)."""
-        return {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
+        """A snapshot of the model's weights, detached and contiguous: CPU tensors for a model on
+        the CPU; for a model on a GPU, copies on that GPU, so an engine on the same device takes
+        them without a round trip through the CPU (others copy them over themselves)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def logprobs(
+        self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """:func:`token_logprobs` of the trained model as a step computes them (its device, its
+        ``dtype``, compiled if ``compile`` is set)."""
+        if self._autocast_dtype is None:  # float32: no autocast context at all
+            return token_logprobs(
+                self._forward, input_ids, attention_mask, with_entropy=with_entropy
+            )
+        with torch.autocast(self.device.type, dtype=self._autocast_dtype):
+            return token_logprobs(
+                self._forward, input_ids, attention_mask, with_entropy=with_entropy
+            )
+
+    def _micro_batches(self, rows: Tensor, lengths: list[int]) -> list[Tensor]:
+        """Split ``rows`` (in order) into runs whose padded size (rows × longest) fits
+        ``micro_batch_tokens``; a row longer than the budget runs alone."""
+        budget = self.config.micro_batch_tokens
+        if budget is None:
+            return [rows]
+        out: list[list[int]] = [[]]
+        longest = 0
+        for r in rows.tolist():
+            longest_with = max(longest, lengths[r])
+            if out[-1] and (len(out[-1]) + 1) * longest_with > budget:
+                out.append([])
+                longest_with = lengths[r]
+            out[-1].append(r)
+            longest = longest_with
+        return [torch.tensor(m, dtype=torch.long) for m in out]
 
     # -- one training step ---------------------------------------------------------------------
     def step(
@@ -220,18 +275,19 @@ class Trainer:
         group_of = torch.tensor([gi for gi, g in enumerate(groups) for _ in g])
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
         adv = group_advantages(rewards, group_of, eps=c.adv_eps, scale_by_std=c.adv_scale_by_std)
-        batch = build_batch(trajs, self.pad_token_id)
+        batch = _to(build_batch(trajs, self.pad_token_id), self.device)
+        adv = adv.to(self.device)
         valid = batch.loss_mask
         seq_keep = (~batch.truncated).float() if c.mask_truncated else torch.ones(len(trajs))
-        train_mask = valid * seq_keep[:, None]
+        train_mask = valid * seq_keep.to(self.device)[:, None]
+        lengths = batch.attention_mask.sum(-1).tolist()
+        with_entropy = c.compute_entropy or c.entropy_coef > 0
 
         self.model.train()
         prox_all: Tensor | None = None
         if c.prox_mode == "recompute" and c.minibatches > 1:
             with torch.no_grad():
-                prox_all, _ = token_logprobs(
-                    self.model, batch.input_ids, batch.attention_mask, with_entropy=False
-                )
+                prox_all = self._recompute(batch, lengths)
 
         parts = [p for p in torch.arange(len(trajs)).chunk(c.minibatches) if p.numel()]
         weights = [float(train_mask[p].sum()) for p in parts]
@@ -239,57 +295,77 @@ class Trainer:
         acc: dict[str, float] = {}
         grad_norms: list[float] = []
         ratio_max, ratio_min = -math.inf, math.inf
-        for k, idx in enumerate(parts):
-            lp, ent = token_logprobs(
-                self.model,
-                batch.input_ids[idx],
-                batch.attention_mask[idx],
-                with_entropy=c.compute_entropy or c.entropy_coef > 0,
-            )
-            behav = batch.behaviour_logprobs[idx]
-            prox: Tensor | None
-            if c.prox_mode == "none":
-                prox = None
-            elif c.prox_mode == "recompute":
-                prox = lp.detach() if prox_all is None else prox_all[idx]
-            else:
-                prox = loglinear_proximal_logprobs(
-                    behav,
-                    lp,
-                    batch.versions[idx],
-                    proximal_version=v,
-                    current_version=v + k / len(parts),
-                )
-            loss, st = policy_loss(
-                lp,
-                behav,
-                adv[idx],
-                train_mask[idx],
-                proximal_logprobs=prox,
-                clip_eps=c.clip_eps,
-                clip_eps_high=c.clip_eps_high,
-                tis_cap=c.tis_cap,
-                rejection=c.rejection,
-                rejection_low=c.rejection_low,
-                rejection_high=c.rejection_high,
-                entropy=ent,
-                loss_agg=c.loss_agg,
-            )
-            if c.entropy_coef > 0 and ent is not None:
-                m = train_mask[idx]
-                loss = loss - c.entropy_coef * (ent * m).sum() / m.sum().clamp(min=1)
+        for k, part in enumerate(parts):
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            if c.grad_clip is not None:
-                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
+            micros = self._micro_batches(part, lengths)
+            part_mask = train_mask[part]
+            # Each micro-batch's loss is weighed by its share of the part's normaliser (trained
+            # tokens, or sequences with one), so the accumulated gradient is the whole part's.
+            if c.loss_agg == "token-mean":
+                part_norm = float(part_mask.sum())
             else:
-                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), float("inf"))
-            grad_norms.append(float(gn))
-            self.optimizer.step()
-            self._accumulate(acc, st, weights[k] / total_w)
-            if st.num_tokens or weights[k]:
-                ratio_max = max(ratio_max, st.ratio_max)
-                ratio_min = min(ratio_min, st.ratio_min)
+                part_norm = float((part_mask.sum(-1) > 0).sum())
+            for idx in micros:
+                width = max(lengths[i] for i in idx.tolist())
+                m = train_mask[idx, : width - 1]
+                ids = batch.input_ids[idx, :width]
+                lp, ent = self.logprobs(
+                    ids, batch.attention_mask[idx, :width], with_entropy=with_entropy
+                )
+                behav = batch.behaviour_logprobs[idx, : width - 1]
+                prox: Tensor | None
+                if c.prox_mode == "none":
+                    prox = None
+                elif c.prox_mode == "recompute":
+                    prox = lp.detach() if prox_all is None else prox_all[idx, : width - 1]
+                else:
+                    prox = loglinear_proximal_logprobs(
+                        behav,
+                        lp,
+                        batch.versions[idx, : width - 1],
+                        proximal_version=v,
+                        current_version=v + k / len(parts),
+                    )
+                loss, st = policy_loss(
+                    lp,
+                    behav,
+                    adv[idx],
+                    m,
+                    proximal_logprobs=prox,
+                    clip_eps=c.clip_eps,
+                    clip_eps_high=c.clip_eps_high,
+                    tis_cap=c.tis_cap,
+                    rejection=c.rejection,
+                    rejection_low=c.rejection_low,
+                    rejection_high=c.rejection_high,
+                    entropy=ent,
+                    loss_agg=c.loss_agg,
+                )
+                share = 1.0
+                if len(micros) > 1:
+                    if c.loss_agg == "token-mean":
+                        share = float(m.sum()) / part_norm if part_norm else len(idx) / len(part)
+                    else:
+                        share = float((m.sum(-1) > 0).sum()) / part_norm if part_norm else 0.0
+                    loss = loss * share
+                if c.entropy_coef > 0 and ent is not None:
+                    loss = loss - c.entropy_coef * (ent * m).sum() / part_mask.sum().clamp(min=1)
+                if self._scaler is not None:
+                    loss = self._scaler.scale(loss)
+                loss.backward()  # type: ignore[no-untyped-call]
+                self._accumulate(acc, st, float(m.sum()) / total_w, share * weights[k] / total_w)
+                if st.num_tokens or float(m.sum()):
+                    ratio_max = max(ratio_max, st.ratio_max)
+                    ratio_min = min(ratio_min, st.ratio_min)
+            if self._scaler is not None:
+                self._scaler.unscale_(self.optimizer)
+            clip = c.grad_clip if c.grad_clip is not None else float("inf")
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)))
+            if self._scaler is not None:
+                self._scaler.step(self.optimizer)
+                self._scaler.update()
+            else:
+                self.optimizer.step()
 
         self._version += 1
         stats = self._stats(
@@ -301,10 +377,24 @@ class Trainer:
                 hook(weights_now, self._version)
         return stats
 
+    def _recompute(self, batch: TokenBatch, lengths: list[int]) -> Tensor:
+        """Log-probs of the whole batch under the current weights, micro-batch by micro-batch."""
+        out = torch.zeros_like(batch.behaviour_logprobs)
+        for idx in self._micro_batches(torch.arange(len(lengths)), lengths):
+            width = max(lengths[i] for i in idx.tolist())
+            lp, _ = self.logprobs(
+                batch.input_ids[idx, :width], batch.attention_mask[idx, :width], with_entropy=False
+            )
+            out[idx, : width - 1] = lp
+        return out
+
     @staticmethod
-    def _accumulate(acc: dict[str, float], st: PolicyLossStats, w: float) -> None:
+    def _accumulate(acc: dict[str, float], st: PolicyLossStats, w: float, loss_w: float) -> None:
+        """Add a micro-batch's statistics: token means weighed by its share of the step's trained
+        tokens ``w``, its loss by its share of the step's loss ``loss_w``."""
+        if not math.isnan(st.loss):
+            acc["loss"] = acc.get("loss", 0.0) + loss_w * st.loss
         for key in (
-            "loss",
             "ratio_mean",
             "clip_fraction",
             "behaviour_weight_mean",

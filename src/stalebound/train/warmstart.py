@@ -22,7 +22,7 @@ from stalebound.core.errors import ConfigError
 from stalebound.tasks.base import Sample, Task
 from stalebound.tasks.workflow import TokenizerLike, encode_prompt, encode_text, eos_id
 
-__all__ = ["WarmStartStats", "demonstration_tokens", "warm_start"]
+__all__ = ["WarmStartStats", "demonstration_batch", "demonstration_tokens", "warm_start"]
 
 
 @dataclass(frozen=True)
@@ -39,17 +39,35 @@ def demonstration_tokens(
     tokenizer: TokenizerLike, task: Task, sample: Sample
 ) -> tuple[list[int], list[int]]:
     """``(ids, loss_mask)`` of prompt + reference solution: model turns (each followed by the
-    end-of-sequence token) have mask 1; the prompt and tool turns have mask 0."""
+    end-of-sequence token) have mask 1; the prompt (with its chat template), tool turns and every
+    special token other than the end-of-sequence token have mask 0."""
     eos = eos_id(tokenizer)
     ids = encode_prompt(tokenizer, task.prompt(sample))
     mask = [0] * len(ids)
+    special = set(getattr(tokenizer, "all_special_ids", ())) - {eos}
     for turn in task.demonstration(sample):
         toks = encode_text(tokenizer, turn.text)
         if turn.role == "model":
             toks.append(eos)
         ids += toks
-        mask += [1 if turn.role == "model" else 0] * len(toks)
+        mask += [1 if turn.role == "model" and t not in special else 0 for t in toks]
     return ids, mask
+
+
+def demonstration_batch(
+    demonstrations: Sequence[tuple[list[int], list[int]]], pad: int, device: Any = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask, target_mask)`` of :func:`demonstration_tokens` results,
+    right-padded with ``pad``; ``target_mask[:, j]`` says whether token ``j + 1`` is trained."""
+    width = max(len(ids) for ids, _ in demonstrations)
+    ids = torch.full((len(demonstrations), width), pad, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    mask = torch.zeros((len(demonstrations), width - 1))
+    for i, (toks, m) in enumerate(demonstrations):
+        ids[i, : len(toks)] = torch.tensor(toks)
+        attn[i, : len(toks)] = 1
+        mask[i, : len(toks) - 1] = torch.tensor(m[1:], dtype=torch.float32)
+    return ids.to(device), attn.to(device), mask.to(device)
 
 
 def warm_start(
@@ -76,20 +94,14 @@ def warm_start(
     pool = list(samples) if samples is not None else task.samples()
     rng = random.Random(seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id(tokenizer)
+    device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     model.train()
     first = last = float("nan")
     for step in range(steps):
         batch = [demonstration_tokens(tokenizer, task, rng.choice(pool)) for _ in range(batch_size)]
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.full((batch_size, width), int(pad), dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        mask = torch.zeros((batch_size, width - 1))
-        for i, (toks, m) in enumerate(batch):
-            ids[i, : len(toks)] = torch.tensor(toks)
-            attn[i, : len(toks)] = 1
-            mask[i, : len(toks) - 1] = torch.tensor(m[1:], dtype=torch.float32)
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        ids, attn, mask = demonstration_batch(batch, int(pad), device)
+        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
         nll = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
         ).view_as(mask)
