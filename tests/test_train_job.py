@@ -68,7 +68,7 @@ def test_run_directory_holds_config_metrics_tensorboard_plots_and_checkpoint(run
     assert (ckpts / "latest").read_text().strip() == "step-000040"
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-000020", "step-000040"]
     ckpt = ckpts / "step-000040"
-    for name in ("config.json", "model.safetensors", "trainer_state.pt", "rollout_state.pkl"):
+    for name in ("config.json", "model.safetensors", "trainer_state.pt", "rollout_state.json"):
         assert (ckpt / name).is_file(), name
     assert json.loads((ckpt / "manifest.json").read_text())["version"] == 40
 

@@ -68,6 +68,7 @@ import zlib
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal
@@ -149,6 +150,9 @@ def _terminal_signals_blocked() -> Iterator[None]:
     """SIGINT and SIGTERM blocked in this thread while a worker is started: the worker inherits
     the mask and unblocks them once it ignores the terminal's (``leave_the_terminal``); here
     one that arrives meanwhile is handled when the block ends."""
+    # Starting multiprocessing's resource tracker unblocks these two signals in the calling
+    # thread; started first, it leaves the mask alone while the worker is spawned.
+    resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
     try:
         yield

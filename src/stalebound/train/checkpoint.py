@@ -104,11 +104,15 @@ class Checkpoint:
 
         try:
             state = torch.load(self.path / TRAINER_STATE, weights_only=True, map_location="cpu")
-        except pickle.UnpicklingError:
+        except pickle.UnpicklingError as exc:
+            if "unsupported global" in str(exc).lower():  # a class or a function: code
+                raise self.unusable(
+                    TRAINER_STATE,
+                    "holds objects other than tensors and plain values, which could run code "
+                    "when read, so it is refused",
+                ) from None
             raise self.unusable(
-                TRAINER_STATE,
-                "holds objects other than tensors and plain values, which could run code when "
-                "read, so it is refused",
+                TRAINER_STATE, "not a trainer state this stalebound reads (not a torch file)"
             ) from None
         except (RuntimeError, EOFError, ValueError, OSError, KeyError) as exc:
             raise self.unusable(
