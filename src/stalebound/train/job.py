@@ -471,7 +471,7 @@ def _engine_death(engines: Sequence[Any]) -> str | None:
 def _clear_unfinished_start(run_dir: Path) -> None:
     """Files of a run that stopped before its first checkpoint that starting it again does not
     rewrite itself (the metrics and the ledger are cut back to nothing when they are opened)."""
-    for path in [*run_dir.glob("trace-from-step-*.jsonl"), run_dir / "summary.json"]:
+    for path in run_dir.glob("trace-from-step-*.jsonl"):
         path.unlink(missing_ok=True)
 
 
@@ -498,11 +498,19 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     resume = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
     restart = bool(cfg.run.resume) and resume is None
     saved = _SavedJob.read(resume) if resume is not None else None
-    if restart and not (run_dir_of(cfg.run.resume or "") / "config.yaml").is_file():
-        raise ConfigError(
-            f"resume={cfg.run.resume!r}: neither a checkpoint nor the directory of a run; give a "
-            "run directory written by stalebound train, or one of its checkpoints"
-        )
+    if restart:
+        gone = run_dir_of(cfg.run.resume or "")
+        if not (gone / "config.yaml").is_file():
+            raise ConfigError(
+                f"resume={cfg.run.resume!r}: neither a checkpoint nor the directory of a run; "
+                "give a run directory written by stalebound train, or one of its checkpoints"
+            )
+        if (gone / "summary.json").is_file():  # starting it again would throw its results away
+            raise ConfigError(
+                f"resume={cfg.run.resume!r}: the run finished without a checkpoint "
+                "(run.checkpoint=false), so there is nothing to continue from; start a new run "
+                "in another directory"
+            )
     if resume is not None and saved is not None:
         now = _resume_settings(cfg)
         changed = [
@@ -947,16 +955,18 @@ def _train(
             f"{cause}\nThe run stopped after step {where.step}; {where.hint()}"
         ) from exc
     finally:
-        for halt in stopping:
-            halt()
-        for what_closes, close in closers + (on_failure if failing else []):
-            try:
-                close()
-            except OSError as exc:  # a full disk already reported; the checkpoint is what counts
-                if not failing:
-                    raise
-                _log.debug("closing %s: %s", what_closes, exc)
-        stop.__exit__(None, None, None)
+        try:
+            for halt in stopping:
+                halt()
+            for what_closes, close in closers + (on_failure if failing else []):
+                try:
+                    close()
+                except OSError as exc:  # a full disk already reported; the checkpoint counts
+                    if not failing:
+                        raise
+                    _log.debug("closing %s: %s", what_closes, exc)
+        finally:
+            stop.__exit__(None, None, None)
     if stop.signum is not None:
         logger.close()
         if cfg.backend == "ray":
