@@ -153,6 +153,30 @@ def resume(run_dir: Path, tmp: Path, tally: dict[str, Any], n: int, *extra: str)
     return Run(["train", f"resume={run_dir}", *extra], tmp / f"resume{n}.log", tally)
 
 
+def resume_to_the_end(run_dir: Path, tmp: Path, tally: dict[str, Any], n: int, *extra: str) -> Run:
+    """Resume the run, which must then finish, and check its whole lineage."""
+    again = resume(run_dir, tmp, tally, n, *extra)
+    assert again.wait() == 0, again.output
+    check_lineage(run_dir, tally)
+    return again
+
+
+def kill_engines(run: Run, run_dir: Path, tally: dict[str, Any], kind: str) -> None:
+    """SIGKILL the run's engine workers: it must exit 1 with the cause and the resume command
+    (the command's way out, not the engine library's)."""
+    workers = _engine_workers(run.proc.pid)
+    assert workers, "no engine worker found"
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    tally["faults"][kind] += 1
+    assert run.wait() == 1, run.output
+    final = run.output[run.output.rindex("stalebound train: ") :]
+    assert "the worker exited (code -9)" in final, final
+    assert f"stalebound train resume={run_dir}" in final, final
+    assert "LocalEngine" not in final, final
+    tally["failures_reported"] += 1
+
+
 def test_trainer_killed_at_random_points_resumes_with_nothing_lost(
     tmp_path: Path, models: Path, rng: random.Random, tally: dict[str, Any]
 ) -> None:
@@ -206,9 +230,7 @@ def test_a_signal_finishes_the_step_checkpoints_it_and_the_run_resumes(
         f"{run_dir / 'checkpoints' / name} with: stalebound train resume={run_dir}"
     ) in run.output, run.output
     tally["failures_reported"] += 1
-    again = resume(run_dir, tmp_path, tally, 1)
-    assert again.wait() == 0, again.output
-    check_lineage(run_dir, tally)
+    resume_to_the_end(run_dir, tmp_path, tally, 1)
 
 
 @pytest.mark.parametrize("when", ["during warm start", "after step 1", "engine killed"])
@@ -226,17 +248,7 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(
         assert wait_until(lambda: len(logged_steps(run_dir)) >= 1, run, 240, "a first step")
     assert logged_steps(run_dir)[-1:] != [STEPS], "the run ended before the kill"
     if when == "engine killed":
-        workers = _engine_workers(run.proc.pid)
-        assert workers, "no engine worker found"
-        for pid in workers:
-            os.kill(pid, signal.SIGKILL)
-        assert run.wait() == 1, run.output
-        final = run.output[run.output.rindex("stalebound train: ") :]
-        assert "the worker exited (code -9)" in final, final
-        assert f"stalebound train resume={run_dir}" in final, final
-        assert "LocalEngine" not in final, final  # the command's way out, not the library's
-        tally["failures_reported"] += 1
-        tally["faults"]["engine SIGKILL before a periodic checkpoint"] += 1
+        kill_engines(run, run_dir, tally, "engine SIGKILL before a periodic checkpoint")
     else:
         run.proc.send_signal(signal.SIGKILL)
         assert run.wait() == -signal.SIGKILL
@@ -244,13 +256,11 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(
         tally["faults"][f"trainer SIGKILL {kind}"] += 1
     had_one = (run_dir / "checkpoints" / "latest").exists()
     assert main_quiet(["audit", str(run_dir)]) == (0 if had_one else 2)  # no traceback
-    again = resume(run_dir, tmp_path, tally, 1)
-    assert again.wait() == 0, again.output
+    again = resume_to_the_end(run_dir, tmp_path, tally, 1)
     if had_one:
         assert "from step-000000: step 0, version 0" in again.said, again.output
     else:
         assert "no checkpoint yet (the run stopped before its first one)" in again.said
-    check_lineage(run_dir, tally)
 
 
 def main_quiet(argv: list[str]) -> int:
@@ -289,9 +299,7 @@ def test_ctrl_c_to_the_process_group_checkpoints_and_the_run_resumes(
         assert "SIGINT received: stopped at once after step" in out, out
     assert f"stalebound train resume={run_dir}" in out, out
     tally["failures_reported"] += 1
-    again = resume(run_dir, tmp_path, tally, 1, f"run.steps={STEPS}")
-    assert again.wait() == 0, again.output
-    check_lineage(run_dir, tally)
+    resume_to_the_end(run_dir, tmp_path, tally, 1, f"run.steps={STEPS}")
 
 
 def _engine_workers(pid: int) -> list[int]:
@@ -317,19 +325,8 @@ def test_engine_worker_killed_mid_generation_fails_clearly_then_resumes(
     run_dir = tmp_path / "run"
     run = Run(train_args(run_dir, models), tmp_path / "first.log", tally)
     assert wait_until(lambda: len(logged_steps(run_dir)) >= 3, run, 240, "three steps")
-    workers = _engine_workers(run.proc.pid)
-    assert workers, "no engine worker found"
-    for pid in workers:
-        os.kill(pid, signal.SIGKILL)
-    tally["faults"]["engine worker SIGKILL"] += 1
-    assert run.wait() == 1, run.output
-    out = run.output
-    assert "the worker exited (code -9)" in out, out
-    assert f"stalebound train resume={run_dir}" in out, out
-    tally["failures_reported"] += 1
-    again = resume(run_dir, tmp_path, tally, 1)
-    assert again.wait() == 0, again.output
-    check_lineage(run_dir, tally)
+    kill_engines(run, run_dir, tally, "engine worker SIGKILL")
+    resume_to_the_end(run_dir, tmp_path, tally, 1)
 
 
 def test_failing_and_hanging_workflows_are_counted_and_nothing_is_lost(
@@ -484,9 +481,7 @@ def test_resuming_an_older_checkpoint_then_resuming_again_keeps_one_history(
     tally["faults"]["resume an older step, SIGKILL, resume again"] += 1
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == older.name
     assert (run_dir / "abandoned" / f"step-{STEPS:06d}").is_dir()
-    again = resume(run_dir, tmp_path, tally, 1)
-    assert again.wait() == 0, again.output
-    check_lineage(run_dir, tally)
+    resume_to_the_end(run_dir, tmp_path, tally, 1)
 
 
 def test_an_engine_killed_while_a_resume_starts_names_the_resume_command(
@@ -495,18 +490,10 @@ def test_an_engine_killed_while_a_resume_starts_names_the_resume_command(
     run_dir = _copy(finished_run, tmp_path)
     run = resume(run_dir, tmp_path, tally, 1)  # at its last step: it starts, trains nothing
     assert wait_until(lambda: bool(_engine_workers(run.proc.pid)), run, 120, "an engine worker")
-    for pid in _engine_workers(run.proc.pid):  # still loading the model
-        os.kill(pid, signal.SIGKILL)
-    tally["faults"]["engine SIGKILL while a resume starts"] += 1
-    assert run.wait() == 1, run.output
-    final = run.output[run.output.rindex("stalebound train: ") :]
-    assert "the worker exited (code -9)" in final, final
+    kill_engines(run, run_dir, tally, "engine SIGKILL while a resume starts")  # still loading
     newest = run_dir / "checkpoints" / f"step-{STEPS:06d}"
-    assert f"continue from {newest} with: stalebound train resume={run_dir}" in final, final
-    tally["failures_reported"] += 1
-    again = resume(run_dir, tmp_path, tally, 2)
-    assert again.wait() == 0, again.output
-    check_lineage(run_dir, tally)
+    assert f"continue from {newest} with: stalebound train resume={run_dir}" in run.output
+    resume_to_the_end(run_dir, tmp_path, tally, 2)
 
 
 def _unshare() -> list[str]:
