@@ -176,6 +176,26 @@ def test_load_samples_jsonl_and_errors(tmp_path: Path) -> None:
         load_samples(tmp_path / "missing.jsonl")
 
 
+@pytest.mark.parametrize(
+    "record",
+    [
+        '{"question": NaN, "answer": "3"}',
+        '{"question": "1+2", "answer": ""}',
+        '{"question": "  ", "answer": "3"}',
+        '{"question": "1+2", "answer": null}',
+        '{"question": "1+2", "answer": Infinity}',
+        '{"question": ["1+2"], "answer": "3"}',
+    ],
+)
+def test_records_without_a_usable_question_or_answer_are_refused(
+    tmp_path: Path, record: str
+) -> None:
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"question": "1+1", "answer": "2"}\n' + record + "\n")
+    with pytest.raises(ConfigError, match=r"record 1: .* is not a prompt one can train on"):
+        load_samples(p)
+
+
 def test_load_samples_parquet_needs_pyarrow(tmp_path: Path) -> None:
     p = tmp_path / "d.parquet"
     try:

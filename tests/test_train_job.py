@@ -68,7 +68,7 @@ def test_run_directory_holds_config_metrics_tensorboard_plots_and_checkpoint(run
     assert (ckpts / "latest").read_text().strip() == "step-000040"
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-000020", "step-000040"]
     ckpt = ckpts / "step-000040"
-    for name in ("config.json", "model.safetensors", "trainer_state.pt", "rollout_state.pkl"):
+    for name in ("config.json", "model.safetensors", "trainer_state.pt", "rollout_state.json"):
         assert (ckpt / name).is_file(), name
     assert json.loads((ckpt / "manifest.json").read_text())["version"] == 40
 
@@ -210,3 +210,41 @@ def test_a_ledger_cut_short_by_a_crash_is_still_audited(run: Path, tmp_path: Pat
     with (bad / "ledger.jsonl").open("a") as f:
         f.write('{"step": 41, "trained": [1, 2')  # the line a crash interrupted
     assert audit_run(bad).ok
+
+
+def test_resuming_to_fewer_steps_than_done_is_refused_before_anything_is_written(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = {p: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert main(["train", f"resume={run}", "run.steps=10"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"run.steps=10: the run is already at step 40 ({run / 'checkpoints' / 'step-000040'}); "
+        "give run.steps=40 or more to continue it" in err
+    ), err
+    assert {p: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_a_run_directory_in_use_is_refused_naming_the_process(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from stalebound.train.runlock import RunLock; "
+        f"RunLock({str(run)!r}).acquire(); print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        config = (run / "config.yaml").read_bytes()
+        assert main(["train", f"resume={run}", "run.live=false"]) == 2
+        err = capsys.readouterr().err
+        assert f"pid {holder.pid} is running in this run directory" in err, err
+        assert (run / "config.yaml").read_bytes() == config
+    finally:
+        holder.kill()
+        holder.wait()

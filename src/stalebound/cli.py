@@ -83,8 +83,8 @@ def _train(argv: Sequence[str]) -> int:
     except TrainingInterrupted as e:
         print(f"stalebound train: {e}", file=sys.stderr)
         return 128 + e.signum
-    except KeyboardInterrupt:
-        print("stalebound train: interrupted without a checkpoint of this step", file=sys.stderr)
+    except KeyboardInterrupt:  # before the run took its directory: nothing was written
+        print("stalebound train: interrupted before the run started", file=sys.stderr)
         return 130
     except ConfigError as e:  # found once the run starts (an unwritable run directory)
         print(f"stalebound train: {e}", file=sys.stderr)

@@ -271,8 +271,9 @@ class RunConfig:
     written, so a damaged newest one still leaves an intact one to resume from."""
     resume: str | None = None
     """Continue a run: its directory (the newest checkpoint in it) or one checkpoint directory
-    (``RUN_DIR/checkpoints/step-000040``). ``stalebound train resume=RUN_DIR`` reads the run's
-    ``config.yaml`` first; overrides given with it (``run.steps=100``) still apply."""
+    (``RUN_DIR/checkpoints/step-000040``; later checkpoints move to ``RUN_DIR/abandoned/``).
+    ``stalebound train resume=RUN_DIR`` reads the run's ``config.yaml`` first; overrides given
+    with it (``run.steps=100``) still apply. A run with no checkpoint yet starts again."""
     plots: bool = True
     """Draw the PNG plots into the run directory at the end."""
     tensorboard: bool = True

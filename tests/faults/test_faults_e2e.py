@@ -75,7 +75,9 @@ def train_args(run_dir: Path, models: Path, *extra: str) -> list[str]:
 class Run:
     """One ``stalebound`` process, its output kept in a log file."""
 
-    def __init__(self, args: list[str], log: Path, tally: dict[str, Any]) -> None:
+    def __init__(
+        self, args: list[str], log: Path, tally: dict[str, Any], *, session: bool = False
+    ) -> None:
         self.log = log
         self._out = log.open("w")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -84,6 +86,7 @@ class Run:
             stdout=self._out,
             stderr=subprocess.STDOUT,
             env=env,
+            start_new_session=session,  # its own process group, as a shell job in a terminal
         )
         tally["runs"] += 1
 
@@ -96,6 +99,11 @@ class Run:
     @property
     def output(self) -> str:
         return self.log.read_text()
+
+    @property
+    def said(self) -> str:
+        """The output with runs of whitespace as one space (the console wraps long lines)."""
+        return " ".join(self.output.split())
 
 
 def wait_until(cond: Callable[[], bool], run: Run, timeout: float, what: str) -> bool:
@@ -143,6 +151,30 @@ def check_lineage(run_dir: Path, tally: dict[str, Any]) -> None:
 def resume(run_dir: Path, tmp: Path, tally: dict[str, Any], n: int, *extra: str) -> Run:
     tally["resumed"] += 1
     return Run(["train", f"resume={run_dir}", *extra], tmp / f"resume{n}.log", tally)
+
+
+def resume_to_the_end(run_dir: Path, tmp: Path, tally: dict[str, Any], n: int, *extra: str) -> Run:
+    """Resume the run, which must then finish, and check its whole lineage."""
+    again = resume(run_dir, tmp, tally, n, *extra)
+    assert again.wait() == 0, again.output
+    check_lineage(run_dir, tally)
+    return again
+
+
+def kill_engines(run: Run, run_dir: Path, tally: dict[str, Any], kind: str) -> None:
+    """SIGKILL the run's engine workers: it must exit 1 with the cause and the resume command
+    (the command's way out, not the engine library's)."""
+    workers = _engine_workers(run.proc.pid)
+    assert workers, "no engine worker found"
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    tally["faults"][kind] += 1
+    assert run.wait() == 1, run.output
+    final = run.output[run.output.rindex("stalebound train: ") :]
+    assert "the worker exited (code -9)" in final, final
+    assert f"stalebound train resume={run_dir}" in final, final
+    assert "LocalEngine" not in final, final
+    tally["failures_reported"] += 1
 
 
 def test_trainer_killed_at_random_points_resumes_with_nothing_lost(
@@ -198,9 +230,76 @@ def test_a_signal_finishes_the_step_checkpoints_it_and_the_run_resumes(
         f"{run_dir / 'checkpoints' / name} with: stalebound train resume={run_dir}"
     ) in run.output, run.output
     tally["failures_reported"] += 1
-    again = resume(run_dir, tmp_path, tally, 1)
-    assert again.wait() == 0, again.output
-    check_lineage(run_dir, tally)
+    resume_to_the_end(run_dir, tmp_path, tally, 1)
+
+
+@pytest.mark.parametrize("when", ["during warm start", "after step 1", "engine killed"])
+def test_a_run_killed_before_its_first_checkpoint_resumes_from_the_start(
+    tmp_path: Path, models: Path, when: str, tally: dict[str, Any]
+) -> None:
+    # No periodic checkpoint before the last step: what is there to resume from is the
+    # checkpoint of step 0 (after warm start), or, killed before it, nothing at all.
+    run_dir = tmp_path / "run"
+    args = train_args(run_dir, models, "run.checkpoint_every_steps=0")
+    run = Run(args, tmp_path / "first.log", tally)
+    if when == "during warm start":
+        assert wait_until((run_dir / "config.yaml").exists, run, 240, "the run to start")
+    else:
+        assert wait_until(lambda: len(logged_steps(run_dir)) >= 1, run, 240, "a first step")
+    assert logged_steps(run_dir)[-1:] != [STEPS], "the run ended before the kill"
+    if when == "engine killed":
+        kill_engines(run, run_dir, tally, "engine SIGKILL before a periodic checkpoint")
+    else:
+        run.proc.send_signal(signal.SIGKILL)
+        assert run.wait() == -signal.SIGKILL
+        kind = "during warm start" if when == "during warm start" else "before a periodic ckpt"
+        tally["faults"][f"trainer SIGKILL {kind}"] += 1
+    had_one = (run_dir / "checkpoints" / "latest").exists()
+    assert main_quiet(["audit", str(run_dir)]) == (0 if had_one else 2)  # no traceback
+    again = resume_to_the_end(run_dir, tmp_path, tally, 1)
+    if had_one:
+        assert "from step-000000: step 0, version 0" in again.said, again.output
+    else:
+        assert "no checkpoint yet (the run stopped before its first one)" in again.said
+
+
+def main_quiet(argv: list[str]) -> int:
+    done = subprocess.run(
+        [sys.executable, "-m", "stalebound", *argv], capture_output=True, text=True, timeout=120
+    )
+    return done.returncode
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_to_the_process_group_checkpoints_and_the_run_resumes(
+    tmp_path: Path, models: Path, presses: int, tally: dict[str, Any]
+) -> None:
+    # A terminal sends SIGINT to the whole foreground process group: the trainer and its
+    # engine worker. Once: the step finishes, is checkpointed, the command exits 130. Twice: it
+    # stops at once, and the checkpoint before is intact.
+    run_dir = tmp_path / "run"
+    args = train_args(run_dir, models, "run.checkpoint_every_steps=3", "run.steps=400")
+    run = Run(args, tmp_path / "first.log", tally, session=True)
+    assert wait_until(lambda: len(logged_steps(run_dir)) >= 4, run, 240, "four steps")
+    group = os.getpgid(run.proc.pid)
+    os.killpg(group, signal.SIGINT)
+    tally["faults"]["Ctrl-C: SIGINT to the process group"] += 1
+    if presses == 2:
+        assert wait_until(lambda: "stopping after this step" in run.said, run, 60, "the notice")
+        os.killpg(group, signal.SIGINT)
+        tally["faults"]["second Ctrl-C: stopped at once"] += 1
+    assert run.wait(120) == 130, run.output
+    out = run.output
+    assert "EngineClosedError" not in out and "Traceback" not in out, out
+    latest = open_checkpoint(run_dir)  # verified: intact
+    if presses == 1:
+        assert latest.step == logged_steps(run_dir)[-1], out
+        assert f"SIGINT received: stopped after step {latest.step}; continue from" in out, out
+    else:
+        assert "SIGINT received: stopped at once after step" in out, out
+    assert f"stalebound train resume={run_dir}" in out, out
+    tally["failures_reported"] += 1
+    resume_to_the_end(run_dir, tmp_path, tally, 1, f"run.steps={STEPS}")
 
 
 def _engine_workers(pid: int) -> list[int]:
@@ -226,19 +325,8 @@ def test_engine_worker_killed_mid_generation_fails_clearly_then_resumes(
     run_dir = tmp_path / "run"
     run = Run(train_args(run_dir, models), tmp_path / "first.log", tally)
     assert wait_until(lambda: len(logged_steps(run_dir)) >= 3, run, 240, "three steps")
-    workers = _engine_workers(run.proc.pid)
-    assert workers, "no engine worker found"
-    for pid in workers:
-        os.kill(pid, signal.SIGKILL)
-    tally["faults"]["engine worker SIGKILL"] += 1
-    assert run.wait() == 1, run.output
-    out = run.output
-    assert "the worker exited (code -9)" in out, out
-    assert f"stalebound train resume={run_dir}" in out, out
-    tally["failures_reported"] += 1
-    again = resume(run_dir, tmp_path, tally, 1)
-    assert again.wait() == 0, again.output
-    check_lineage(run_dir, tally)
+    kill_engines(run, run_dir, tally, "engine worker SIGKILL")
+    resume_to_the_end(run_dir, tmp_path, tally, 1)
 
 
 def test_failing_and_hanging_workflows_are_counted_and_nothing_is_lost(
@@ -313,8 +401,8 @@ def _flip_byte(path: Path) -> None:
 
 DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "flipped byte in the rollout state": (
-        lambda c: _flip_byte(c / "rollout_state.pkl"),
-        "rollout_state.pkl: corrupt checkpoint file: its SHA-256 differs from the manifest's",
+        lambda c: _flip_byte(c / "rollout_state.json"),
+        "rollout_state.json: corrupt checkpoint file: its SHA-256 differs from the manifest's",
     ),
     "truncated model weights": (
         lambda c: (c / "model.safetensors").write_bytes(
@@ -334,7 +422,7 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
         lambda c: (c / "manifest.json").write_text(
             json.dumps({**json.loads((c / "manifest.json").read_text()), "format": 99})
         ),
-        "checkpoint format 99 (written by stalebound '0.1.0'); this stalebound reads format 1",
+        "checkpoint format 99 (written by stalebound '0.1.0'); this stalebound reads format 2",
     ),
 }
 
@@ -362,7 +450,7 @@ def test_resume_refuses_a_corrupt_checkpoint_then_continues_from_the_earlier_one
     finished_run: Path, tmp_path: Path, models: Path, tally: dict[str, Any]
 ) -> None:
     run_dir = _copy(finished_run, tmp_path)
-    _flip_byte(open_checkpoint(run_dir).path / "rollout_state.pkl")
+    _flip_byte(open_checkpoint(run_dir).path / "rollout_state.json")
     tally["faults"]["checkpoint: corrupt, then resumed"] += 1
     run = resume(run_dir, tmp_path, tally, 1)
     assert run.wait() == 1
@@ -372,6 +460,40 @@ def test_resume_refuses_a_corrupt_checkpoint_then_continues_from_the_earlier_one
     run = Run(["train", f"resume={earlier}"], tmp_path / "earlier.log", tally)
     assert run.wait() == 0, run.output
     check_lineage(run_dir, tally)
+
+
+def test_resuming_an_older_checkpoint_then_resuming_again_keeps_one_history(
+    finished_run: Path, tmp_path: Path, tally: dict[str, Any]
+) -> None:
+    # From the finished run's step 10 (its newest is 12), killed after step 11: the run's
+    # newest checkpoint is step 10 again, so resuming the run continues from there.
+    run_dir = _copy(finished_run, tmp_path)
+    older = run_dir / "checkpoints" / f"step-{STEPS - 2:06d}"
+    run = Run(["train", "--resume", str(older)], tmp_path / "fork.log", tally)
+    tally["resumed"] += 1
+
+    def stepped_past() -> bool:
+        return "resuming" in run.output and logged_steps(run_dir) == list(range(1, STEPS))
+
+    assert wait_until(stepped_past, run, 240, f"step {STEPS - 1} of the resumed run")
+    run.proc.send_signal(signal.SIGKILL)
+    assert run.wait() == -signal.SIGKILL
+    tally["faults"]["resume an older step, SIGKILL, resume again"] += 1
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == older.name
+    assert (run_dir / "abandoned" / f"step-{STEPS:06d}").is_dir()
+    resume_to_the_end(run_dir, tmp_path, tally, 1)
+
+
+def test_an_engine_killed_while_a_resume_starts_names_the_resume_command(
+    finished_run: Path, tmp_path: Path, tally: dict[str, Any]
+) -> None:
+    run_dir = _copy(finished_run, tmp_path)
+    run = resume(run_dir, tmp_path, tally, 1)  # at its last step: it starts, trains nothing
+    assert wait_until(lambda: bool(_engine_workers(run.proc.pid)), run, 120, "an engine worker")
+    kill_engines(run, run_dir, tally, "engine SIGKILL while a resume starts")  # still loading
+    newest = run_dir / "checkpoints" / f"step-{STEPS:06d}"
+    assert f"continue from {newest} with: stalebound train resume={run_dir}" in run.output
+    resume_to_the_end(run_dir, tmp_path, tally, 2)
 
 
 def _unshare() -> list[str]:

@@ -28,6 +28,7 @@ import heapq
 import itertools
 import logging
 import os
+import signal
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -413,6 +414,28 @@ def _left_pad_mask(mask: torch.Tensor, total: int) -> torch.Tensor:
     return torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
 
 
+TERMINAL_SIGNALS: frozenset[signal.Signals] = frozenset({signal.SIGINT, signal.SIGTERM})
+"""Blocked while the worker starts (see :func:`leave_the_terminal`)."""
+
+
+def leave_the_terminal() -> None:
+    """Keep a terminal's Ctrl-C (and ``kill -- -PGID``) away from the worker.
+
+    A terminal sends SIGINT to its whole foreground process group. Were the worker to die of it,
+    the trainer could not finish its step and checkpoint, which is what Ctrl-C asks of it. So the
+    worker ignores SIGINT and leaves the group for a session of its own. It still ends with its
+    trainer: the pipe reads end-of-file when the trainer dies, however it dies, and SIGTERM or
+    SIGKILL sent to the worker itself end it. The client starts it with SIGINT and SIGTERM blocked,
+    so one that arrives before this runs stays pending; setting it to ignored drops it here.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # drops one sent to the group meanwhile
+    with contextlib.suppress(OSError):  # already a session leader (started some other way)
+        os.setsid()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINAL_SIGNALS)
+
+
 def worker_main(
     conn: Connection,
     model_path: str,
@@ -425,6 +448,7 @@ def worker_main(
 ) -> None:
     """Entry point of the worker process: load the model (on ``device``, in ``dtype``), then serve
     the pipe until shutdown."""
+    leave_the_terminal()
     torch.set_num_threads(num_threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:

@@ -7,6 +7,11 @@ the GIL. The asyncio-facing client talks to the worker over one duplex pipe: a s
 writes (so the event loop never blocks on a full pipe, and commands keep their order), and a reader
 thread resolves ``concurrent.futures`` futures the coroutines await.
 
+The worker ignores a terminal's Ctrl-C: it runs in a session of its own and ignores SIGINT, so
+the process that owns the engine decides what an interrupt means (the training job finishes its
+step, checkpoints and closes the engine). It ends when that process does (its pipe reads
+end-of-file) or when :meth:`LocalEngine.close` stops it.
+
 Decoding (in the worker, see ``_worker.py``):
 
 * **Continuous batching.** Between two decode steps the worker takes every command that arrived:
@@ -51,22 +56,25 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 import zlib
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal
 
 from stalebound.core.errors import ConfigError, ProtocolError
-from stalebound.engines._worker import uniform, worker_main
+from stalebound.engines._worker import TERMINAL_SIGNALS, uniform, worker_main
 from stalebound.engines.devices import device_problems, resolve_device
 from stalebound.engines.protocol import (
     Continuation,
@@ -155,6 +163,21 @@ def _on_device(state: Mapping[str, Any], device: str) -> bool:
     )
 
 
+@contextlib.contextmanager
+def _terminal_signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread while a worker is started: the worker inherits
+    the mask and unblocks them once it ignores the terminal's (``leave_the_terminal``); here
+    one that arrives meanwhile is handled when the block ends."""
+    # Starting multiprocessing's resource tracker unblocks these two signals in the calling
+    # thread; started first, it leaves the mask alone while the worker is spawned.
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _resolve(future: concurrent.futures.Future[Any], value: Any) -> None:
     if not future.done():  # the awaiting coroutine may have been cancelled
         future.set_result(value)
@@ -211,6 +234,7 @@ class LocalEngine:
         self._replies: dict[int, concurrent.futures.Future[Any]] = {}
         self._tokens = itertools.count()
         self._closed: str | None = None
+        self._death: str | None = None
         self._counts: Counter[str] = Counter()
         self._pauses: deque[float] = deque(maxlen=_PAUSES_KEPT)
         self._ready: concurrent.futures.Future[_WorkerInfo] = concurrent.futures.Future()
@@ -232,7 +256,8 @@ class LocalEngine:
             name=f"stalebound-engine-{name}",
             daemon=True,
         )
-        self._process.start()
+        with _terminal_signals_blocked():  # the worker unblocks them once it ignores them
+            self._process.start()
         child.close()
         # Messages to the worker go through a queue to one sender thread, which writes whatever
         # has piled up as one message: a burst of submissions costs one pipe write, and the
@@ -259,6 +284,12 @@ class LocalEngine:
         """Whether the engine was closed or its worker died."""
         return self._closed is not None
 
+    @property
+    def death(self) -> str | None:
+        """Why the worker died (``"engine 'local0': the worker exited (code -9)"``); ``None``
+        while it runs or after :meth:`close`."""
+        return self._death
+
     def close(self, timeout: float = 10.0) -> None:
         """Stop the worker. Pending calls raise :class:`EngineClosedError`. Idempotent."""
         with self._state_lock:
@@ -273,7 +304,7 @@ class LocalEngine:
                 pass  # the worker is already gone
             self._process.join(timeout)
         else:
-            self._process.terminate()  # still loading the model: nothing in flight to finish
+            self._process.kill()  # still loading the model: nothing in flight to finish
         if self._process.is_alive():
             _log.warning(
                 "engine %r: worker did not exit in %.1f s, terminating", self.name, timeout
@@ -605,6 +636,7 @@ class LocalEngine:
                 self._process.join(1.0)  # reap it, so the message can say how it ended
                 code = self._process.exitcode
                 self._closed = reason or f"engine {self.name!r}: the worker exited (code {code})"
+                self._death = self._closed
         self._fail_all()
 
     def _on_done(self, response: GenerateResponse) -> None:

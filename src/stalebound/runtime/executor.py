@@ -963,8 +963,9 @@ class WorkflowExecutor:
         buffers' reservations, and the completed groups with their results), the items of the
         groups running now and of the input queue (data and retry counts), the consumed groups not
         yet handed out, the data loader's position, the outcomes not yet drained and every
-        counter. Running episodes are not interrupted. The workflows' data and results must be
-        picklable to be saved (``torch.save`` or ``pickle``); workflows and filters are not saved.
+        counter. Running episodes are not interrupted. Workflows and filters are not saved. The
+        training job's checkpoints store it as JSON data (:mod:`stalebound.train.statejson`): the
+        items and results must then be plain data or the tasks' ``Sample`` / ``Trajectory``.
         """
         return self._call(self._state_dict)
 

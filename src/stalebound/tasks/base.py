@@ -15,6 +15,7 @@ A *task* turns samples (a question and its reference answer) into prompts, score
 from __future__ import annotations
 
 import abc
+import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -308,6 +309,19 @@ def load_samples(path: str | Path) -> list[Sample]:
                 f"task.data_path={str(path)!r} record {i}: missing {missing}; every record needs "
                 "'question' and 'answer'"
             )
+        for key in ("question", "answer"):
+            value = rec[key]
+            usable = (isinstance(value, str) and value.strip()) or (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            )
+            if not usable:
+                raise ConfigError(
+                    f"task.data_path={str(path)!r} record {i}: {key}={value!r} is not a prompt "
+                    f"one can train on; give every record a non-empty {key} (text or a finite "
+                    "number), or remove the record"
+                )
         question = check_text(str(rec["question"]), what=f"record {i} question")
         answer = check_text(str(rec["answer"]), what=f"record {i} answer")
         extra = {k: v for k, v in rec.items() if k not in ("id", "question", "answer")}
