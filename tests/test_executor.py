@@ -16,122 +16,20 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from scripted import Call, Generate, ScriptedEngine, armed_timers, quiesce
 from stalebound.config import RolloutConfig
 from stalebound.core import BufferPolicy, ConfigError, ProtocolError
 from stalebound.runtime import (
-    ExecutorStatistics,
     RolloutError,
     StalenessManager,
     Trajectory,
     WorkflowExecutor,
 )
 from stalebound.runtime import executor as executor_module
-
-# ---------------------------------------------------------------------------- the scripted engine
-
-
-@dataclass
-class Call:
-    index: int
-    data: Any
-    version: int
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-    answered: bool = False
-    cancelled: bool = False
-
-
-@dataclass
-class ScriptedEngine:
-    """Each ``agenerate`` waits until the test answers it (or answers at once with ``auto``).
-
-    A result carries per-token versions: the version at the start and at the end of generation.
-    """
-
-    auto: bool = False
-    version: int = 0
-    calls: list[Call] = field(default_factory=list)
-    cond: threading.Condition = field(default_factory=threading.Condition)
-
-    def get_version(self) -> int:
-        return self.version
-
-    def set_version(self, version: int) -> None:
-        self.version = version
-
-    async def agenerate(self, data: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        with self.cond:
-            call = Call(len(self.calls), data, self.version, loop, loop.create_future())
-            self.calls.append(call)
-            self.cond.notify_all()
-        if self.auto:
-            call.answered = True
-            return {"data": data, "versions": [call.version, self.version]}
-        try:
-            outcome = await call.future
-        except asyncio.CancelledError:
-            with self.cond:
-                call.cancelled = True
-                self.cond.notify_all()
-            raise
-        if isinstance(outcome, BaseException):
-            raise outcome
-        if outcome == "ok":
-            return {"data": data, "versions": [call.version, self.version]}
-        return outcome
-
-    # --- used by the test thread
-    def pending(self) -> list[Call]:
-        with self.cond:
-            return [c for c in self.calls if not c.answered and not c.cancelled]
-
-    def wait_calls(self, n: int) -> None:
-        with self.cond:
-            ok = self.cond.wait_for(lambda: len(self.calls) >= n, timeout=20)
-        assert ok, f"only {len(self.calls)} of {n} engine calls arrived"
-
-    def answer(self, call: Call, outcome: Any = "ok") -> None:
-        with self.cond:
-            assert not call.answered and not call.cancelled
-            call.answered = True
-
-        def settle() -> None:
-            if not call.future.done():
-                call.future.set_result(outcome)
-
-        call.loop.call_soon_threadsafe(settle)
-
-
-class Generate:
-    """A workflow: one engine call per episode."""
-
-    async def arun_episode(self, engine: ScriptedEngine, data: Any) -> Any:
-        return await engine.agenerate(data)
-
-
-def quiesce(ex: WorkflowExecutor, engine: ScriptedEngine) -> ExecutorStatistics:
-    """Wait until every running member has reached the engine and every answer is processed."""
-
-    def still(s: ExecutorStatistics) -> tuple[int, ...]:
-        return (s.running_members, s.launched_members, s.finished_members, s.dispatch_wakeups)
-
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        first = ex.statistics()
-        if first.running_members == len(engine.pending()):
-            # two more hops: anything the first one's events queued has run by then
-            ex.statistics()
-            again = ex.statistics()
-            if still(again) == still(first) and again.running_members == len(engine.pending()):
-                return again
-        time.sleep(0.001)
-    raise AssertionError(f"the executor did not settle: {ex.statistics()}")
 
 
 def make(engine: Any, manager: StalenessManager | None = None, **settings: Any) -> WorkflowExecutor:
@@ -394,8 +292,8 @@ def test_dispatch_is_woken_by_a_version_change_not_by_polling() -> None:
         assert len(ex.wait(2, timeout=20)) == 2  # version 1; the engine still has version 0
         idle = quiesce(ex, engine)
         assert len(engine.calls) == 2 and idle.queued == 2  # η = 0: nothing may start at version 0
-        time.sleep(0.3)  # a polling dispatcher would wake up meanwhile
-        assert ex.statistics().dispatch_wakeups == idle.dispatch_wakeups
+        # no timer but the log lines' will fire: nothing wakes a dispatcher that does not poll
+        assert set(armed_timers(ex)) <= {"WorkflowExecutor._watchdog", "WorkflowExecutor._progress"}
         ex.set_version(1)
         engine.wait_calls(4)
         after = quiesce(ex, engine)

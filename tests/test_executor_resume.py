@@ -12,15 +12,14 @@ from __future__ import annotations
 import pickle
 import random
 import threading
-import time
 from typing import Any
 
 import pytest
 
+from scripted import Generate, ScriptedEngine, parked_in_wait, quiesce
 from stalebound.config import RolloutConfig
 from stalebound.core import ProtocolError
 from stalebound.runtime import Trajectory, WorkflowExecutor
-from test_executor import Generate, ScriptedEngine, quiesce
 
 PROMPTS = [f"p{i}" for i in range(13)]
 
@@ -55,15 +54,17 @@ def step(ex: WorkflowExecutor, engine: ScriptedEngine, rng: random.Random, ledge
 
     t = threading.Thread(target=take)
     t.start()
-    deadline = time.monotonic() + 30
-    while t.is_alive() and time.monotonic() < deadline:
+    # answer only while prepare_batch waits and the loop has nothing to run: a seed replays a run
+    parked = parked_in_wait(ex, t)
+    while True:
+        quiesce(ex, engine, until=parked)
+        if not t.is_alive():
+            break
         pending = engine.pending()
-        if pending:
-            call = rng.choice(pending)
-            engine.answer(call, RuntimeError("engine hiccup") if rng.random() < 0.1 else "ok")
-        else:
-            time.sleep(0.001)
-    t.join(5)
+        assert pending, f"prepare_batch waits and nothing runs: {ex.statistics()}"
+        call = rng.choice(pending)
+        engine.answer(call, RuntimeError("engine hiccup") if rng.random() < 0.1 else "ok")
+    t.join()
     assert not errors and out, f"no batch: {errors} {ex.statistics()}"
     batch = out[0]
     ledger.batches.append(batch)

@@ -1,26 +1,30 @@
 """Filters, stragglers and redundancy through the real executor, driven by a scripted engine.
 
-The engine speaks the inference-engine protocol: ``agenerate(GenerateRequest) -> GenerateResponse``
-and ``abort(request_id) -> GenerateResponse | None`` (the partial output). Every request waits
-until the test answers it, so the completion order — and who straggles — is chosen by the test.
-``abort`` ends a request with the tokens generated so far (``Call.progress``, set by the test) and
-``finish_reason="abort"``, and is recorded, so the tests can check what reached the engine.
+The engine (:class:`scripted.ProtocolEngine`) speaks the inference-engine protocol. Every request
+waits until the test answers it, so the completion order — and who straggles — is chosen by the
+test. ``abort`` ends a request with the tokens generated so far (``RequestCall.progress``, set by
+the test) and ``finish_reason="abort"``, and is recorded, so the tests can check what reached the
+engine.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from scripted import (
+    Episode,
+    ProtocolEngine,
+    RequestCall,
+    armed_timers,
+    parked_in_wait,
+    quiesce,
+)
 from stalebound.config import (
     FilterGroupsConfig,
     GroupPostProcessConfig,
@@ -29,177 +33,6 @@ from stalebound.config import (
 )
 from stalebound.core import BufferState, ConfigError
 from stalebound.runtime import ExecutorStatistics, RolloutError, Trajectory, WorkflowExecutor
-
-# ---------------------------------------------------------------------------- the scripted engine
-
-
-@dataclass
-class GenerateRequest:
-    request_id: str
-    prompt: str
-
-
-@dataclass
-class GenerateResponse:
-    request_id: str
-    output_ids: list[int]
-    output_logprobs: list[float]
-    output_versions: list[int]
-    finish_reason: str
-    score: float = 0.0
-
-
-@dataclass
-class Call:
-    request: GenerateRequest
-    version: int
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-    progress: int = 0
-    """Tokens generated so far: what an abort returns."""
-    done: bool = False
-
-    @property
-    def rid(self) -> str:
-        return self.request.request_id
-
-
-@dataclass
-class ScriptedEngine:
-    version: int = 0
-    auto: Callable[[Call], tuple[int, float]] | None = None
-    """Answer at once with ``(tokens, score)`` instead of waiting for the test."""
-    calls: list[Call] = field(default_factory=list)
-    aborts: list[str] = field(default_factory=list)
-    cond: threading.Condition = field(default_factory=threading.Condition)
-
-    def get_version(self) -> int:
-        return self.version
-
-    def set_version(self, version: int) -> None:
-        self.version = version
-
-    def _response(self, call: Call, tokens: int, reason: str, score: float) -> GenerateResponse:
-        return GenerateResponse(
-            call.rid,
-            list(range(tokens)),
-            [-1.0] * tokens,
-            [call.version] * tokens,
-            reason,
-            score,
-        )
-
-    async def agenerate(self, request: GenerateRequest) -> GenerateResponse:
-        loop = asyncio.get_running_loop()
-        with self.cond:
-            call = Call(request, self.version, loop, loop.create_future())
-            self.calls.append(call)
-            self.cond.notify_all()
-        if self.auto is not None:
-            tokens, score = self.auto(call)
-            call.done = True
-            return self._response(call, tokens, "stop", score)
-        try:
-            outcome = await call.future
-        finally:
-            with self.cond:
-                call.done = True  # answered, aborted, or cancelled
-                self.cond.notify_all()
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome  # type: ignore[no-any-return]
-
-    async def abort(self, request_id: str) -> GenerateResponse | None:
-        with self.cond:
-            self.aborts.append(request_id)
-            call = next((c for c in self.calls if c.rid == request_id), None)
-            if call is None or call.future.done():
-                return None
-        partial = self._response(call, call.progress, "abort", 0.0)
-        call.future.set_result(partial)
-        return partial
-
-    async def tool(self, prompt: str) -> None:
-        """A tool call of an agentic workflow: no engine request, waits like one."""
-        loop = asyncio.get_running_loop()
-        with self.cond:
-            call = Call(
-                GenerateRequest(f"tool-{prompt}", prompt), self.version, loop, loop.create_future()
-            )
-            self.calls.append(call)
-            self.cond.notify_all()
-        try:
-            await call.future
-        finally:
-            with self.cond:
-                call.done = True
-                self.cond.notify_all()
-
-    # --- used by the test thread
-    def pending(self) -> list[Call]:
-        with self.cond:
-            return [c for c in self.calls if not c.done and not c.future.done()]
-
-    def call(self, prompt: str) -> Call:
-        with self.cond:
-            ok = self.cond.wait_for(
-                lambda: any(c.request.prompt == prompt and not c.done for c in self.calls), 20
-            )
-            assert ok, f"no pending call for {prompt!r}"
-            return next(c for c in self.calls if c.request.prompt == prompt and not c.done)
-
-    def answer(
-        self, call: Call, *, tokens: int = 4, score: float = 0.0, error: Exception | None = None
-    ) -> None:
-        outcome: Any = error or self._response(call, tokens, "stop", score)
-
-        def settle() -> None:
-            if not call.future.done():
-                call.future.set_result(outcome)
-
-        call.loop.call_soon_threadsafe(settle)
-
-
-_rids = itertools.count()
-
-
-class Episode:
-    """One engine request per episode; the trajectory carries its tokens, score and versions."""
-
-    async def arun_episode(self, engine: Any, data: Any) -> dict[str, Any]:
-        response = await engine.agenerate(GenerateRequest(f"r{next(_rids)}", str(data)))
-        return {
-            "prompt": str(data),
-            "score": response.score,
-            "tokens": len(response.output_ids),
-            "versions": response.output_versions,
-            "finish_reason": response.finish_reason,
-        }
-
-
-def quiesce(ex: WorkflowExecutor, engine: ScriptedEngine) -> ExecutorStatistics:
-    """Wait until every running member has reached the engine and every event is processed."""
-
-    def still(s: ExecutorStatistics) -> tuple[Any, ...]:
-        return (
-            s.running_members,
-            s.launched_members,
-            s.finished_members,
-            s.dispatch_wakeups,
-            dict(s.aborted_requests),
-        )
-
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        first = ex.statistics()
-        if first.running_members == len(engine.pending()):
-            ex.statistics()
-            again = ex.statistics()
-            if still(again) == still(first) and again.running_members == len(engine.pending()):
-                return again
-        time.sleep(0.001)
-    raise AssertionError(f"the executor did not settle: {ex.statistics()}")
-
 
 SECTIONS = {
     "proactive_filter": ProactiveFilterConfig,
@@ -243,21 +76,25 @@ def ended(s: ExecutorStatistics) -> int:
 # ---------------------------------------------------------------------------- stragglers
 
 
-def straggler(engine: ScriptedEngine, ex: WorkflowExecutor) -> Call:
+def straggler(engine: ProtocolEngine, ex: WorkflowExecutor) -> RequestCall:
     """η = 1, B = 2: g0, g1 reserve in buffer 1, g2, g3 in buffer 0 (the head). Answer all but
-    g3: the head buffer is then STUCK on g3 alone, the straggler."""
+    g3: the head buffer is then STUCK on g3 alone, the straggler.
+
+    g3's request is picked (and its progress set) before the others are answered: a proactive
+    filter acts on it the moment g2 lands, and from then on ``engine.call("g3")`` would find the
+    re-dispatched request, or none."""
     for name in ["g0", "g1", "g2", "g3"]:
         ex.submit(name, Episode())
     quiesce(ex, engine)
-    for name in ["g0", "g1", "g2"]:
-        engine.answer(engine.call(name), score=1.0)
     slow = engine.call("g3")
     slow.progress = 3
+    for name in ["g0", "g1", "g2"]:
+        engine.answer(engine.call(name), score=1.0)
     return slow
 
 
 def test_null_waits_for_the_straggler_and_training_is_blocked() -> None:
-    engine = ScriptedEngine()
+    engine = ProtocolEngine()
     with make(engine, max_head_offpolicyness=1, consumer_batch_size=2) as ex:
         slow = straggler(engine, ex)
         s = quiesce(ex, engine)
@@ -271,7 +108,7 @@ def test_null_waits_for_the_straggler_and_training_is_blocked() -> None:
 
 
 def test_retry_aborts_the_straggler_pulls_forward_and_redispatches() -> None:
-    engine = ScriptedEngine()
+    engine = ProtocolEngine()
     with make(
         engine,
         max_head_offpolicyness=1,
@@ -305,7 +142,7 @@ def test_retry_aborts_the_straggler_pulls_forward_and_redispatches() -> None:
 
 
 def test_truncate_force_completes_the_straggler_with_its_partial_output() -> None:
-    engine = ScriptedEngine()
+    engine = ProtocolEngine()
     with make(
         engine,
         max_head_offpolicyness=1,
@@ -335,7 +172,7 @@ class ToolEpisode(Episode):
 
 
 def test_truncate_cuts_a_member_in_a_tool_call_on_its_next_request() -> None:
-    engine = ScriptedEngine()
+    engine = ProtocolEngine()
     with make(
         engine,
         max_head_offpolicyness=1,
@@ -361,7 +198,7 @@ def test_truncate_cuts_a_member_in_a_tool_call_on_its_next_request() -> None:
 
 
 def test_stuck_timeout_acts_on_a_timer_without_any_other_event() -> None:
-    engine = ScriptedEngine()
+    engine = ProtocolEngine()
     with make(
         engine,
         max_head_offpolicyness=1,
@@ -383,7 +220,7 @@ def test_stuck_timeout_acts_on_a_timer_without_any_other_event() -> None:
 
 
 def test_threshold_leaves_a_buffer_with_many_stragglers_alone() -> None:
-    engine = ScriptedEngine()
+    engine = ProtocolEngine()
     with make(
         engine,
         max_head_offpolicyness=0,
@@ -401,7 +238,7 @@ def test_threshold_leaves_a_buffer_with_many_stragglers_alone() -> None:
 
 def test_proactive_filter_needs_the_buffer_policy_and_truncate_an_engine_abort() -> None:
     with pytest.raises(ConfigError, match=r"proactive_filter.method='retry'.*staleness_policy"):
-        make(ScriptedEngine(), staleness_policy="capacity", proactive_filter={"method": "retry"})
+        make(ProtocolEngine(), staleness_policy="capacity", proactive_filter={"method": "retry"})
 
     class NoAbort:
         async def agenerate(self, request: Any) -> Any:
@@ -414,7 +251,7 @@ def test_proactive_filter_needs_the_buffer_policy_and_truncate_an_engine_abort()
 # ---------------------------------------------------------------------------- the dynamic filter
 
 
-def flat_or_mixed(call: Call) -> tuple[int, float]:
+def flat_or_mixed(call: RequestCall) -> tuple[int, float]:
     """``flat-*`` prompts score 1 on every member; ``mixed-*`` alternate 0, 1, 0, ..."""
     if call.request.prompt.startswith("flat"):
         return 5, 1.0
@@ -422,7 +259,7 @@ def flat_or_mixed(call: Call) -> tuple[int, float]:
 
 
 def test_zero_variance_groups_are_dropped_and_replaced() -> None:
-    engine = ScriptedEngine(auto=flat_or_mixed)
+    engine = ProtocolEngine(auto=flat_or_mixed)
     loader = [["flat-0", "mixed-0"], ["flat-1", "flat-2"], ["mixed-1", "mixed-2"]]
     with make(
         engine,
@@ -443,7 +280,7 @@ def test_zero_variance_groups_are_dropped_and_replaced() -> None:
 
 
 def test_an_all_filtered_dataset_stops_with_a_clear_error() -> None:
-    engine = ScriptedEngine(auto=flat_or_mixed)
+    engine = ProtocolEngine(auto=flat_or_mixed)
     with make(
         engine,
         consumer_batch_size=2,
@@ -463,7 +300,7 @@ def test_an_all_filtered_dataset_stops_with_a_clear_error() -> None:
 
 
 def test_a_metric_the_trajectories_lack_stops_with_the_fix() -> None:
-    engine = ScriptedEngine(auto=flat_or_mixed)
+    engine = ProtocolEngine(auto=flat_or_mixed)
     with (
         make(
             engine,
@@ -479,14 +316,14 @@ def test_a_metric_the_trajectories_lack_stops_with_the_fix() -> None:
 
 def test_an_unknown_post_processor_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"group_post_process.name='nope': no such"):
-        make(ScriptedEngine(), group_post_process={"enable": True, "name": "nope"})
+        make(ProtocolEngine(), group_post_process={"enable": True, "name": "nope"})
 
 
 # ---------------------------------------------------------------------------- redundancy
 
 
 def test_group_surplus_is_aborted_on_the_engine_and_its_tokens_counted() -> None:
-    engine = ScriptedEngine()
+    engine = ProtocolEngine()
     with make(engine, consumer_batch_size=1, group_size=2, group_redundancy=3) as ex:
         ex.submit("p", Episode())
         quiesce(ex, engine)
@@ -502,7 +339,7 @@ def test_group_surplus_is_aborted_on_the_engine_and_its_tokens_counted() -> None
 
 
 def test_batch_surplus_reservation_is_aborted_on_the_engine_at_consume() -> None:
-    engine = ScriptedEngine()
+    engine = ProtocolEngine()
     with make(engine, max_head_offpolicyness=0, consumer_batch_size=1, buffer_size=2) as ex:
         ex.submit("fast", Episode())
         ex.submit("slow", Episode())
@@ -525,7 +362,7 @@ def test_watchdog_names_silent_groups_and_progress_lines_stop_when_idle(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="stalebound.runtime.executor")
-    engine = ScriptedEngine()
+    engine = ProtocolEngine()
     with make(engine, consumer_batch_size=1, watchdog_timeout_s=0.02, progress_log_s=0.02) as ex:
         ex.submit("quiet", Episode())
         call = engine.call("quiet")
@@ -541,14 +378,18 @@ def test_watchdog_names_silent_groups_and_progress_lines_stop_when_idle(
         stalls = [r.getMessage() for r in caplog.records if "watchdog" in r.getMessage()]
         assert len(stalls) == 1  # reported once per stall, not on every tick
         assert "group 0 (V=0" in stalls[0] and call.rid in stalls[0]
-        assert "running on ScriptedEngine" in stalls[0]
+        assert "running on ProtocolEngine" in stalls[0]
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("buffers")]
         # η = 2, B = 1: the group reserved the latest buffer, b2
         assert lines and lines[0].startswith("buffers version 0: b0 PENDING occ 0 res 0 emp 1")
         assert "b2 STUCK occ 0 res 1 emp 0; 1 groups (1 members) running" in lines[0]
-        before = len(caplog.records)
-        time.sleep(0.1)  # idle: no timer is armed, so nothing more is logged
-        assert len(caplog.records) == before
+        # idle: each timer fires once more, finds nothing running and is not re-armed; after
+        # that nothing can log without a new event
+        deadline = time.monotonic() + 20
+        while ex._call(lambda: (ex._watchdog_handle, ex._progress_handle)) != (None, None):
+            assert time.monotonic() < deadline, "the timers keep re-arming while idle"
+            time.sleep(0.005)
+        assert armed_timers(ex) == []
 
 
 # ---------------------------------------------------------------------------- conservation
@@ -561,7 +402,7 @@ def test_every_dispatched_group_ends_exactly_once(method: str, seed: int) -> Non
     proactive filter, with the oldest requests tending to straggle: every dispatched group ends
     exactly one way, counted, and no trained trajectory is staler than η."""
     rng = random.Random(seed)
-    engine = ScriptedEngine()
+    engine = ProtocolEngine()
     eta = 1
     loader = [f"p{i}" for i in range(40)]
     trained: list[Trajectory] = []
@@ -589,12 +430,15 @@ def test_every_dispatched_group_ends_exactly_once(method: str, seed: int) -> Non
 
         thread = threading.Thread(target=trainer)
         thread.start()
-        while thread.is_alive():
-            quiesce(ex, engine)
+        # Act only while the trainer is parked in prepare_batch and the loop has nothing to run:
+        # the pending list is then the same on every run with this seed.
+        parked = parked_in_wait(ex, thread)
+        while True:
+            quiesce(ex, engine, until=parked)
+            if not thread.is_alive():
+                break
             pending = engine.pending()
-            if not pending:
-                time.sleep(0.001)
-                continue
+            assert pending, f"the trainer waits and nothing runs: {ex.statistics()}"
             for c in pending:
                 c.progress += rng.randint(0, 2)
             # the newest requests tend to finish first: the oldest straggle
@@ -625,19 +469,10 @@ def test_every_dispatched_group_ends_exactly_once(method: str, seed: int) -> Non
             assert any(t.truncated for t in trained)
         else:
             assert s.retried_groups == s.truncated_groups == 0
-        print(
-            method,
-            seed,
-            s.retried_groups,
-            s.truncated_groups,
-            s.filtered_groups,
-            s.failed_groups,
-            dict(s.aborted_tokens),
-        )
 
 
 def test_timed_out_members_are_aborted_on_the_engine() -> None:
-    engine = ScriptedEngine()
+    engine = ProtocolEngine()
     with make(engine, consumer_batch_size=1, request_timeout=0.05) as ex:
         ex.submit("never", Episode())  # never answered: times out, is relaunched, times out
         deadline = time.monotonic() + 20
