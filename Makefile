@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 EXTRAS ?= dev,torch,obs
 
-.PHONY: run test test-faults test-gpu test-ray test-vllm lint typecheck check bench bench-train bench-vllm setup walkthrough
+.PHONY: run test test-faults test-gpu test-ray test-vllm test-areal stress lint typecheck check bench bench-train bench-vllm setup walkthrough
 
 setup:
 	@bash scripts/bootstrap.sh $(EXTRAS)
@@ -17,6 +17,16 @@ walkthrough: setup
 ## The default test suite (what CI runs first).
 test: setup
 	$(PY) -m pytest -q -m "not ray and not vllm and not faults and not gpu"
+
+## AReaL's own tests/test_staleness_manager.py, unchanged, against our StalenessManager and, as a
+## control, AReaL's (the sdist comes from PyPI into a temporary directory; AREAL_TESTS=... to use a
+## local copy of the test file). Its thread-safety test runs 200 times with fine thread switching.
+test-areal: setup
+	bash scripts/areal_tests.sh
+
+## The default suite N times (N=10) while a CPU hog occupies every core; not part of CI.
+stress: setup
+	bash scripts/stress_tests.sh $(N)
 
 ## Fault injection on real training runs: SIGKILLed trainers, killed engine workers, failing and
 ## hanging workflows, corrupt checkpoints, a read-only and a full disk (a few minutes).

@@ -523,6 +523,27 @@ def test_data_parallel_size_divides_concurrency_and_batch_not_eta() -> None:
         assert (m.max_concurrent_rollouts, m.consumer_batch_size, m.max_staleness) == (8, 4, 3)
 
 
+def test_unset_concurrency_falls_back_as_areal_under_capacity_and_to_the_window_under_buffer() -> (
+    None
+):
+    engine = ScriptedEngine(auto=True)
+    capacity = RolloutConfig(
+        staleness_policy="capacity", max_head_offpolicyness=3, consumer_batch_size=8, group_size=1
+    )
+    with WorkflowExecutor(capacity, engine).initialize(train_data_parallel_size=2) as ex:
+        m = ex.staleness_manager
+        assert m is not None and m.strict  # the executor's own manager refuses misuse
+        # AReaL: max_concurrent_rollouts or consumer_batch_size, per data-parallel rank
+        assert (m.max_concurrent_rollouts, m.consumer_batch_size) == (4, 4)
+        assert ex.get_capacity() == 4
+    buffer = RolloutConfig(
+        max_head_offpolicyness=3, consumer_batch_size=8, buffer_size=10, group_size=1
+    )
+    with WorkflowExecutor(buffer, engine).initialize(train_data_parallel_size=2) as ex:
+        assert ex.staleness_manager is None
+        assert ex.get_capacity() == (3 + 1) * 5  # (η + 1)·B′ per rank: the whole window
+
+
 def test_indivisible_settings_are_reported_together() -> None:
     config = RolloutConfig(consumer_batch_size=6, max_concurrent_rollouts=10)
     with pytest.raises(ConfigError) as info:

@@ -78,16 +78,53 @@ def test_invalid_settings_are_reported_together() -> None:
     assert "max_staleness=-3" in str(info.value)
 
 
-@pytest.mark.parametrize(
-    "callback", ["on_rollout_submitted", "on_rollout_accepted", "on_rollout_rejected"]
-)
-def test_callbacks_that_would_go_negative_raise_and_change_nothing(callback: str) -> None:
-    m = StalenessManager(Version(), 4, 2, 1)
+# the callback, the counter it takes a rollout from, the counter it moves it to
+MOVES = [
+    ("on_rollout_submitted", "enqueued", "running"),
+    ("on_rollout_accepted", "running", "accepted"),
+    ("on_rollout_rejected", "running", "rejected"),
+]
+
+
+@pytest.mark.parametrize("callback, source, target", MOVES)
+def test_strict_refuses_a_callback_out_of_order_and_changes_nothing(
+    callback: str, source: str, target: str
+) -> None:
+    m = StalenessManager(Version(), 4, 2, 1, strict=True)
     drive(m, accepted=1, running=0, rejected=1)
     before = m.get_stats()
-    with pytest.raises(ProtocolError, match=callback):
+    with pytest.raises(ProtocolError) as info:
         getattr(m, callback)()
-    assert m.get_stats() == before
+    assert str(info.value) == (
+        f"{callback}(): no rollout is {source} "
+        "(RolloutStat(accepted=1, enqueued=0, rejected=1, running=0)); each rollout must be "
+        "enqueued, then submitted, then accepted or rejected, once each"
+    )
+    assert m.get_stats() == before and m.protocol_violations == 0
+
+
+@pytest.mark.parametrize("callback, source, target", MOVES)
+def test_by_default_a_callback_out_of_order_moves_the_counters_as_areal_does(
+    callback: str, source: str, target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    m = StalenessManager(Version(), 4, 2, 1)
+    drive(m, accepted=1, running=0, rejected=1)
+    for n in (1, 2, 3):
+        getattr(m, callback)()
+        stats = m.get_stats()
+        assert getattr(stats, source) == -n  # below zero, as AReaL's counters go
+        assert getattr(stats, target) == {"accepted": 1, "rejected": 1, "running": 0}[target] + n
+        assert m.protocol_violations == n
+    assert [r.getMessage() for r in caplog.records] == [  # one warning, not one per call
+        f"StalenessManager.{callback}(): no rollout was {source}, so {source} is now -1 (as "
+        "AReaL's manager does); the callbacks are out of order — each rollout must be enqueued, "
+        "then submitted, then accepted or rejected. Further such calls are only counted "
+        "(protocol_violations); strict=True raises instead"
+    ]
+    assert "protocol_violations=3" in repr(m)
+    # an in-order call is never counted
+    m.on_rollout_enqueued()
+    assert m.protocol_violations == 3
 
 
 def test_lifecycle_counters() -> None:

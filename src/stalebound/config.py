@@ -102,9 +102,10 @@ class RolloutConfig:
         default=None,
         metadata=bounds(ge=1, fix="allow at least one rollout, or null for all the window allows"),
     )
-    """The most groups generating at once; ``None`` means ``min(η + 1, 8)·B′``: all the window
-    allows, but at most 8 batches (a huge η would otherwise flood the engines and the first step
-    would wait for all of it)."""
+    """The most groups generating at once. ``None`` means, with ``staleness_policy: buffer``,
+    ``min(η + 1, 8)·B′``: all the window allows, but at most 8 batches (a huge η would otherwise
+    flood the engines and the first step would wait for all of it); with ``capacity``, ``B``
+    (AReaL's fallback)."""
     group_size: int = field(
         default=4, metadata=bounds(ge=1, fix="use 1 for no grouping, more for GRPO-style groups")
     )

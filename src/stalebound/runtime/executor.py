@@ -297,11 +297,14 @@ def _resolve(config: RolloutConfig, dp: int) -> _Settings:
         if config.buffer_size is None
         else _per_rank("buffer_size", config.buffer_size, dp, problems)
     )
-    concurrent = (
-        min(eta + 1, DEFAULT_BATCHES_IN_FLIGHT) * buffer_size
-        if config.max_concurrent_rollouts is None
-        else _per_rank("max_concurrent_rollouts", config.max_concurrent_rollouts, dp, problems)
-    )
+    if config.max_concurrent_rollouts is not None:
+        concurrent = _per_rank(
+            "max_concurrent_rollouts", config.max_concurrent_rollouts, dp, problems
+        )
+    elif config.staleness_policy == "capacity":
+        concurrent = batch  # AReaL's fallback: max_concurrent_rollouts or consumer_batch_size
+    else:
+        concurrent = min(eta + 1, DEFAULT_BATCHES_IN_FLIGHT) * buffer_size
     queue = 16 * concurrent if config.queue_size is None else config.queue_size
     if not isinstance(queue, int) or isinstance(queue, bool) or queue < 1:
         problems.append(f"rollout.queue_size={queue!r}: must be an integer ≥ 1, or None")
@@ -752,7 +755,7 @@ class WorkflowExecutor:
         else:
             manager = self.staleness_manager
             if manager is None:
-                manager = StalenessManager(self, s.max_concurrent, s.batch_size, s.eta)
+                manager = StalenessManager(self, s.max_concurrent, s.batch_size, s.eta, strict=True)
                 self.staleness_manager = manager
             self._guard = manager.lock
             with manager.lock:
