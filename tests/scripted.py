@@ -299,6 +299,16 @@ def quiesce(
         time.sleep(0.0005)
 
 
+def settle(ex: WorkflowExecutor) -> None:
+    """Wait until the loop has nothing left to run: call it between two calls a trainer thread
+    makes (``set_version`` wakes the dispatcher through its own hop, which would otherwise race
+    the next call)."""
+    deadline = time.monotonic() + 120
+    while not ex._call(lambda: _loop_idle(ex)):
+        assert time.monotonic() < deadline, f"the executor did not settle: {ex.statistics()}"
+        time.sleep(0.0005)
+
+
 def parked_in_wait(ex: WorkflowExecutor, thread: threading.Thread) -> Callable[[], bool]:
     """For :func:`quiesce`: ``thread`` has ended, or is blocked in ``wait``/``prepare_batch``."""
     return lambda: not thread.is_alive() or any(not w.done() for w in ex._waiters)

@@ -14,8 +14,7 @@ import asyncio
 import json
 import socket
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -53,10 +52,14 @@ class FakeSGLang:
     weight_version: str = "default"
     paused: bool = False
     incremental: bool = False
-    token_delay: float = 0.0
     fail_next_generate: int = 0
     break_after: int | None = None
     """Drop the connection of the next /generate after this many tokens."""
+    hold_at: int | None = None
+    """Hold the next /generate after this many tokens (sent) until ``release`` is set: the test
+    decides what happens before its next token."""
+    holding: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
     bodies: list[tuple[str, Any]] = field(default_factory=list)
     aborted: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -97,7 +100,10 @@ def _handler(state: FakeSGLang) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             body = self._body()
             if self.path == "/generate":
-                self._generate(body)
+                try:
+                    self._generate(body)
+                except (BrokenPipeError, ConnectionResetError):  # the client closed the stream
+                    self.close_connection = True
             elif self.path == "/abort_request":
                 state.aborted.add(body["rid"])
                 self._json(200, {})
@@ -165,8 +171,13 @@ def _handler(state: FakeSGLang) -> type[BaseHTTPRequestHandler]:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
-                if state.token_delay:
-                    time.sleep(state.token_delay)
+                with state.lock:
+                    hold = reason is None and state.hold_at == len(ids)
+                    if hold:
+                        state.hold_at = None
+                if hold:
+                    state.holding.set()
+                    state.release.wait(20)
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
 
@@ -188,8 +199,28 @@ def fake() -> Iterator[tuple[FakeSGLang, str]]:
         yield state, f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         state.resumed.set()
+        state.release.set()
         server.shutdown()
         server.server_close()
+
+
+async def until(condition: Callable[[], Any], what: str) -> None:
+    """Wait for an event the test caused (the deadline only turns a hang into a failure)."""
+    for _ in range(4000):
+        if await condition() if asyncio.iscoroutinefunction(condition) else condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def held(engine: SGLangEngine, state: FakeSGLang, rid: str, tokens: int) -> None:
+    """The server holds ``rid`` after ``tokens`` tokens, and the engine has received them all."""
+
+    async def received() -> bool:
+        return (await engine.progress(rid) or 0) >= tokens
+
+    await until(state.holding.is_set, f"the server holds {rid!r}")
+    await until(received, f"{rid!r} delivered {tokens} tokens")
 
 
 def _expected(prompt: list[int], n: int, weights: int) -> list[int]:
@@ -264,23 +295,23 @@ def test_sglang_stop_token_ends_with_stop(fake: tuple[FakeSGLang, str]) -> None:
 
 def test_sglang_weight_update_labels_tokens_with_versions(fake: tuple[FakeSGLang, str]) -> None:
     state, url = fake
-    state.token_delay = 0.02
+    state.hold_at = 5
 
     async def main() -> None:
         engine = SGLangEngine(url, interrupt_mode="continue")
         await engine.start(timeout=10)
         assert engine.get_version() == 0  # "default" counts as the initial version
         task = asyncio.create_task(engine.agenerate(_request("u", 40, ignore_eos=True)))
-        while (await engine.progress("u") or 0) < 5:
-            await asyncio.sleep(0.01)
-        await engine.update_weights("/ckpt/weights-3", version=7)
+        await held(engine, state, "u", 5)
+        await engine.update_weights("/ckpt/weights-3", version=7)  # lands after token 5
+        state.release.set()
         response = await task
         await engine.aclose()
         assert engine.get_version() == 7
         versions = response.output_versions
         boundary = versions.index(7)
         assert set(versions[:boundary]) == {0} and set(versions[boundary:]) == {7}
-        assert boundary >= 5
+        assert boundary == 5
         # Tokens after the boundary come from the new weights, continuing the same sequence.
         ids = list(response.output_ids)
         assert ids[:boundary] == _expected([1, 5, 9], boundary, 0)
@@ -327,15 +358,15 @@ def test_sglang_resubmit_mode_restarts_with_prompt_plus_partial(
     fake: tuple[FakeSGLang, str],
 ) -> None:
     state, url = fake
-    state.token_delay = 0.02
+    state.hold_at = 4
 
     async def main() -> None:
         engine = SGLangEngine(url, interrupt_mode="resubmit")
         await engine.start(timeout=10)
         task = asyncio.create_task(engine.agenerate(_request("v", 30, ignore_eos=True)))
-        while (await engine.progress("v") or 0) < 4:
-            await asyncio.sleep(0.01)
-        await engine.update_weights("/ckpt/weights-2", version=1)
+        await held(engine, state, "v", 4)
+        await engine.update_weights("/ckpt/weights-2", version=1)  # lands after token 4
+        state.release.set()  # the old stream was closed: the held handler just ends
         response = await task
         await engine.aclose()
         assert response.resubmits == 1
@@ -350,26 +381,28 @@ def test_sglang_resubmit_mode_restarts_with_prompt_plus_partial(
     assert len(generates) == 2
     second = generates[1]
     n = len(second["input_ids"]) - 3
-    assert second["input_ids"][:3] == [1, 5, 9] and n >= 4
+    assert second["input_ids"][:3] == [1, 5, 9] and n == 4
     assert second["sampling_params"]["max_new_tokens"] == 30 - n
     assert dict(state.bodies)["/pause_generation"] == {"mode": "abort"}
 
 
 def test_sglang_abort_returns_partial_output(fake: tuple[FakeSGLang, str]) -> None:
     state, url = fake
-    state.token_delay = 0.02
+    state.hold_at = 3
 
     async def main() -> None:
         engine = SGLangEngine(url)
         await engine.start(timeout=10)
         task = asyncio.create_task(engine.agenerate(_request("a", 200, ignore_eos=True)))
-        while (await engine.progress("a") or 0) < 3:
-            await asyncio.sleep(0.01)
-        partial = await engine.abort("a")
+        await held(engine, state, "a", 3)
+        abort = asyncio.create_task(engine.abort("a"))
+        await until(lambda: bool(state.aborted), "the abort reached the server")
+        state.release.set()  # the next step sees the abort: no fourth token
+        partial = await abort
         response = await task
         assert partial == response
         assert response.finish_reason == "abort"
-        assert 3 <= len(response.output_ids) < 200
+        assert len(response.output_ids) == 3
         assert list(response.output_ids) == _expected([1, 5, 9], len(response.output_ids), 0)
         assert await engine.abort("a") is None
         assert engine.statistics().aborts == 1

@@ -147,12 +147,14 @@ def test_continuous_batching_matches_one_at_a_time(
 ) -> None:
     tok = load_tokenizer(model_dir)
     texts = ["1+1=", "abc", "reverse: hello", "99*7=", "x", "The quick brown fox", "(a,b)", "0"]
+    # the first request is the longest: it is still decoding when each later one joins
+    lengths = [300, *(6 + 5 * i for i in range(1, len(texts)))]
     requests = [
         GenerateRequest(
             f"cb{i}",
             tuple(tok(text).input_ids),
             SamplingParams(
-                max_new_tokens=6 + 5 * i,
+                max_new_tokens=lengths[i],
                 temperature=0.0 if i % 2 == 0 else 1.0,
                 seed=100 + i,
                 ignore_eos=True,
@@ -165,15 +167,25 @@ def test_continuous_batching_matches_one_at_a_time(
     async def one_at_a_time() -> list[Any]:
         return [await engine.agenerate(r) for r in requests]
 
-    async def staggered() -> list[Any]:
-        tasks = []
-        for r in requests:  # later requests join a batch that is already decoding
-            tasks.append(asyncio.create_task(engine.agenerate(r)))
-            await asyncio.sleep(0.003)
-        return list(await asyncio.gather(*tasks))
+    async def staggered() -> tuple[list[Any], list[int]]:
+        tasks, joined_at = [], []
+        try:
+            for r in requests:  # each joins while the engine is paused between two tokens
+                await engine.pause()
+                tasks.append(asyncio.create_task(engine.agenerate(r)))
+                await wait_for_tokens(engine, r.request_id, 0)  # in the worker, not admitted
+                done = await engine.progress(requests[0].request_id)
+                joined_at.append(-1 if done is None else done)
+                await engine.resume()
+                await wait_for_tokens(engine, r.request_id, 1)  # prefilled into the batch
+        finally:
+            await engine.resume()
+        return list(await asyncio.gather(*tasks)), joined_at
 
     alone = run(one_at_a_time())
-    together = run(staggered())
+    together, joined_at = run(staggered())
+    # every later request joined while the first was mid-decode (0 < tokens < 300)
+    assert all(0 < n < lengths[0] for n in joined_at[1:]), joined_at
     assert [r.output_ids for r in together] == [r.output_ids for r in alone]
     for x, y in zip(together, alone, strict=True):
         assert x.output_logprobs == pytest.approx(y.output_logprobs, abs=1e-4)
@@ -189,8 +201,12 @@ def test_abort_returns_the_partial_output(
         task = asyncio.create_task(engine.agenerate(GenerateRequest("ab", prompt, sampling)))
         await asyncio.sleep(0)
         assert await wait_for_tokens(engine, "ab", 3) >= 3
-        partial = await engine.abort("ab")
-        again = await engine.abort("ab")
+        await engine.pause()  # the abort lands between two tokens, before the request can end
+        try:
+            partial = await engine.abort("ab")
+            again = await engine.abort("ab")
+        finally:
+            await engine.resume()
         return partial, await task, again
 
     partial, returned, again = run(scenario())
@@ -214,13 +230,17 @@ def test_cancelling_agenerate_stops_the_request_in_the_worker(
         task = asyncio.create_task(engine.agenerate(GenerateRequest("cancel", prompt, sampling)))
         await asyncio.sleep(0)
         await wait_for_tokens(engine, "cancel", 2)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        for _ in range(1000):  # the worker's abort arrives asynchronously
-            if engine.num_in_flight == 0:
-                break
-            await asyncio.sleep(0.005)
+        await engine.pause()  # the cancellation reaches the worker before the request can end
+        try:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(1000):  # the worker's abort arrives asynchronously
+                if engine.num_in_flight == 0:
+                    break
+                await asyncio.sleep(0.005)
+        finally:
+            await engine.resume()
         return engine.num_in_flight, engine.statistics().output_tokens - before
 
     in_flight, generated = run(scenario())
@@ -241,7 +261,11 @@ def test_migrated_request_continues_exactly(
         task = asyncio.create_task(a.agenerate(request))
         await asyncio.sleep(0)
         assert await wait_for_tokens(a, request.request_id, 5) >= 5
-        continuation = await a.export_continuation(request.request_id)
+        await a.pause()  # exported between two tokens, before the request can end
+        try:
+            continuation = await a.export_continuation(request.request_id)
+        finally:
+            await a.resume()
         assert continuation is not None
         source_result = await task
         assert source_result.finish_reason == "abort"
@@ -403,7 +427,11 @@ def test_router_prefers_the_least_loaded_replica_and_migrates(
         await asyncio.sleep(0)
         placed = router.statistics().in_flight
         await wait_for_tokens(engines[0], "r1", 3)
-        assert await router.migrate("r1", to=1)
+        await engines[0].pause()  # r1 moves between two tokens, before it can end
+        try:
+            assert await router.migrate("r1", to=1)
+        finally:
+            await engines[0].resume()
         r1, r2 = await asyncio.gather(t1, t2)
         after = [e.statistics().submitted + e.statistics().migrated_in for e in engines]
         return placed, (r1, r2), [x - y for x, y in zip(after, before, strict=True)]
@@ -423,8 +451,10 @@ def test_closed_engine_fails_pending_and_new_calls(
     engine = LocalEngine(model_dir, name="short-lived")
 
     async def scenario() -> None:
+        engine.wait_ready(120)
+        await engine.pause()  # the request reaches the worker and stays there, unfinished
         task = asyncio.create_task(engine.agenerate(GenerateRequest("p", prompt, GREEDY)))
-        await asyncio.sleep(0.01)
+        assert await wait_for_tokens(engine, "p", 0) == 0
         await engine.aclose()
         with pytest.raises(EngineClosedError, match="closed"):
             await task

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from scripted import Generate, ScriptedEngine, parked_in_wait, quiesce
+from scripted import Generate, ScriptedEngine, parked_in_wait, quiesce, settle
 from stalebound.config import RolloutConfig
 from stalebound.core import ProtocolError
 from stalebound.runtime import Trajectory, WorkflowExecutor
@@ -52,6 +52,7 @@ def step(ex: WorkflowExecutor, engine: ScriptedEngine, rng: random.Random, ledge
         except BaseException as e:
             errors.append(e)
 
+    settle(ex)  # the last set_version's wake-up has run before prepare_batch is called
     t = threading.Thread(target=take)
     t.start()
     # answer only while prepare_batch waits and the loop has nothing to run: a seed replays a run

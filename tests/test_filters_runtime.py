@@ -24,6 +24,7 @@ from scripted import (
     armed_timers,
     parked_in_wait,
     quiesce,
+    settle,
 )
 from stalebound.config import (
     FilterGroupsConfig,
@@ -395,20 +396,20 @@ def test_watchdog_names_silent_groups_and_progress_lines_stop_when_idle(
 # ---------------------------------------------------------------------------- conservation
 
 
-@pytest.mark.parametrize("method", ["null", "retry", "truncate"])
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_every_dispatched_group_ends_exactly_once(method: str, seed: int) -> None:
+ETA = 1
+
+
+def random_mix(method: str, seed: int) -> tuple[ExecutorStatistics, list[Trajectory], list[str]]:
     """A random mix of answers, failures, zero-variance groups, both redundancies and the
-    proactive filter, with the oldest requests tending to straggle: every dispatched group ends
-    exactly one way, counted, and no trained trajectory is staler than η."""
+    proactive filter, with the oldest requests tending to straggle; six batches are trained.
+    Returns the final statistics, the trained trajectories and the engine's aborts."""
     rng = random.Random(seed)
     engine = ProtocolEngine()
-    eta = 1
     loader = [f"p{i}" for i in range(40)]
     trained: list[Trajectory] = []
     with make(
         engine,
-        max_head_offpolicyness=eta,
+        max_head_offpolicyness=ETA,
         consumer_batch_size=2,
         buffer_size=2 + seed % 2,
         group_size=2,
@@ -424,7 +425,9 @@ def test_every_dispatched_group_ends_exactly_once(method: str, seed: int) -> Non
             try:
                 for _ in range(6):
                     box.append(ex.prepare_batch(loader, Episode()))
+                    settle(ex)
                     ex.set_version(ex.version)
+                    settle(ex)
             except BaseException as e:
                 box.append(e)
 
@@ -452,23 +455,42 @@ def test_every_dispatched_group_ends_exactly_once(method: str, seed: int) -> Non
         assert not errors, errors
         for batch in box:
             trained.extend(batch)
-        s = quiesce(ex, engine)
-        assert s.consumed_batches == 6
-        assert s.dispatched_groups == ended(s), s
-        assert all(t.staleness <= eta for t in trained)
-        assert s.policy.violations == 0
-        assert s.policy.aborted.get("retried", 0) == s.retried_groups
-        assert s.policy.aborted.get("filtered", 0) == s.filtered_groups
-        assert sum(t.truncated for t in trained) <= s.truncated_trajectories
-        assert s.filtered_groups > 0 and s.cancelled_members.get("surplus", 0) > 0
-        assert sum(s.aborted_requests.values()) == len(engine.aborts)
-        if method == "retry":
-            assert s.retried_groups > 0 and s.truncated_groups == 0
-        elif method == "truncate":
-            assert s.truncated_groups > 0 and s.retried_groups == 0
-            assert any(t.truncated for t in trained)
-        else:
-            assert s.retried_groups == s.truncated_groups == 0
+        return quiesce(ex, engine), trained, list(engine.aborts)
+
+
+@pytest.mark.parametrize("method", ["null", "retry", "truncate"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_dispatched_group_ends_exactly_once(method: str, seed: int) -> None:
+    """Every dispatched group ends exactly one way, counted, and no trained trajectory is staler
+    than η."""
+    s, trained, aborts = random_mix(method, seed)
+    assert s.consumed_batches == 6
+    assert s.dispatched_groups == ended(s), s
+    assert all(t.staleness <= ETA for t in trained)
+    assert s.policy.violations == 0
+    assert s.policy.aborted.get("retried", 0) == s.retried_groups
+    assert s.policy.aborted.get("filtered", 0) == s.filtered_groups
+    assert sum(t.truncated for t in trained) <= s.truncated_trajectories
+    assert s.filtered_groups > 0 and s.cancelled_members.get("surplus", 0) > 0
+    assert sum(s.aborted_requests.values()) == len(aborts)
+    if method == "retry":
+        assert s.retried_groups > 0 and s.truncated_groups == 0
+    elif method == "truncate":
+        assert s.truncated_groups > 0 and s.retried_groups == 0
+        assert any(t.truncated for t in trained)
+    else:
+        assert s.retried_groups == s.truncated_groups == 0
+
+
+@pytest.mark.parametrize("method", ["null", "retry", "truncate"])
+def test_a_seed_replays_the_same_run(method: str) -> None:
+    def outcome() -> tuple[Any, ...]:
+        s, trained, aborts = random_mix(method, 2)
+        counts = (s.dispatched_groups, s.retried_groups, s.truncated_groups, s.filtered_groups)
+        batches = [(t.data["prompt"], t.version, t.data["tokens"]) for t in trained]
+        return counts, dict(s.aborted_tokens), s.dispatch_wakeups, len(aborts), batches
+
+    assert outcome() == outcome()
 
 
 def test_timed_out_members_are_aborted_on_the_engine() -> None:
