@@ -5,7 +5,8 @@
 Steady state at η = 4 and B′ = 1.25·B: every round reserves until the window is full, occupies the
 oldest reservations until buffer v is ready, and consumes it (surplus reservations are aborted by
 consume, as in a real run). One cycle is one trained trajectory, including its share of the
-reservations that consume aborted. Prints the median over repeats and the cost ratio to B = 64.
+reservations that consume aborted. Prints the median over repeats with the range (fastest–slowest
+repeat) and the ratio of medians to B = 64.
 """
 
 from __future__ import annotations
@@ -49,15 +50,17 @@ def main() -> None:
         for _ in range(args.repeats):
             seconds, trained = run_once(batch, args.staleness, args.trajectories)
             per_cycle.append(seconds / trained * 1e6)
-        rows.append((batch, statistics.median(per_cycle)))
+        rows.append((batch, statistics.median(per_cycle), min(per_cycle), max(per_cycle)))
     base = rows[0][1]
     print(
         f"staleness buffer, η = {args.staleness}, B′ = 1.25·B, {args.trajectories} trajectories "
-        f"× {args.repeats} repeats (medians)"
+        f"× {args.repeats} repeats (median, range)"
     )
-    print(f"{'B':>6} {'cycles/s':>12} {'µs/cycle':>10} {'vs B=64':>8}")
-    for batch, us in rows:
-        print(f"{batch:>6} {1e6 / us:>12,.0f} {us:>10.2f} {us / base:>7.2f}×")
+    print(f"{'B':>6} {'cycles/s':>24} {'µs/cycle':>20} {'vs B=64':>8}")
+    for batch, us, fast, slow in rows:
+        rate = f"{1e6 / us:,.0f} ({1e6 / slow:,.0f}–{1e6 / fast:,.0f})"
+        cost = f"{us:.2f} ({fast:.2f}–{slow:.2f})"
+        print(f"{batch:>6} {rate:>24} {cost:>20} {us / base:>7.2f}×")
 
 
 if __name__ == "__main__":

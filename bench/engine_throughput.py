@@ -7,7 +7,9 @@ end-of-sequence ignored so every request has the same length) it measures genera
 second of the :class:`LocalEngine` (one worker process, one thread) and of a naive baseline:
 Hugging Face ``generate`` on the same model, one request at a time, in this process with one
 thread. The baseline is sequential, so its rate does not depend on the concurrency; it is measured
-on at most ``--naive-cap`` requests per row to keep the run short.
+on at most ``--naive-cap`` requests per row to keep the run short. Each row is measured
+``--repeats`` times (engine and baseline alternating) and printed as the median with its range; the
+speed-up is the ratio of the medians.
 
 Then it measures the weight-update pause: while 32 requests are decoding, it publishes
 ``--updates`` new state dicts and reports the stall the worker saw between two tokens (reading,
@@ -94,6 +96,11 @@ async def update_pauses(
     return list(engine.statistics().pause_ms[first:]), round_trips
 
 
+def spread(values: list[float]) -> str:
+    """``median (min–max)``, rounded to whole units."""
+    return f"{statistics.median(values):,.0f} ({min(values):,.0f}–{max(values):,.0f})"
+
+
 def pct(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, round(q * (len(values) - 1)))]
 
@@ -109,17 +116,23 @@ async def main(args: argparse.Namespace) -> None:
         rows = []
         for c in CONCURRENCY:
             ids = prompts(tokenizer, c)
-            ours = await engine_rate(engine, ids, args.tokens, f"c{c}")
-            naive = naive_rate(model, ids[: args.naive_cap], args.tokens)
+            ours, naive = [], []
+            for r in range(args.repeats):
+                ours.append(await engine_rate(engine, ids, args.tokens, f"c{c}-{r}"))
+                naive.append(naive_rate(model, ids[: args.naive_cap], args.tokens))
             rows.append((c, ours, naive))
         pauses, trips = await update_pauses(engine, model, prompts(tokenizer, 32), args.updates)
 
-    print(f"\nLocalEngine vs naive HF generate (one at a time); {args.tokens} new tokens/request")
+    print(
+        f"\nLocalEngine vs naive HF generate (one at a time); {args.tokens} new tokens/request; "
+        f"median (range) of {args.repeats} runs"
+    )
     print(f"load average before/after: {args.load_before} / {os.getloadavg()[0]:.2f}")
-    print(f"{'concurrent':>10} | {'engine tok/s':>12} | {'naive tok/s':>11} | {'speedup':>7}")
-    print(f"{'-' * 10}-+-{'-' * 12}-+-{'-' * 11}-+-{'-' * 7}")
+    print(f"{'concurrent':>10} | {'engine tok/s':>18} | {'naive tok/s':>15} | {'speedup':>7}")
+    print(f"{'-' * 10}-+-{'-' * 18}-+-{'-' * 15}-+-{'-' * 7}")
     for c, ours, naive in rows:
-        print(f"{c:>10} | {ours:>12.0f} | {naive:>11.0f} | {ours / naive:>6.1f}x")
+        a, b = statistics.median(ours), statistics.median(naive)
+        print(f"{c:>10} | {spread(ours):>18} | {spread(naive):>15} | {a / b:>6.1f}x")
     print(
         f"\nweight update during 32-way decoding ({len(pauses)} updates, "
         f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params):"
@@ -139,6 +152,7 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     parser.add_argument("--naive-cap", type=int, default=16, help="baseline requests per row")
     parser.add_argument("--updates", type=int, default=20, help="weight updates to time")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per row (median, range)")
     parser.add_argument(
         "--model-dir",
         default=os.path.join(tempfile.gettempdir(), "stalebound-default-model"),

@@ -146,6 +146,13 @@ def test_get_stats_is_a_copy() -> None:
     assert m.get_stats().accepted == 0
 
 
+def test_rollout_stat_is_the_live_counters_under_areals_name() -> None:
+    m = StalenessManager(Version(), 4, 2, 1)
+    m.on_rollout_enqueued()
+    with m.lock:
+        assert m.rollout_stat is m.counter.stat and m.rollout_stat.enqueued == 1
+
+
 def test_version_recovery_counts_trained_batches_as_accepted() -> None:
     fresh = StalenessManager(Version(0), 16, 4, 2)
     resumed = StalenessManager(Version(7), 16, 4, 2)

@@ -104,6 +104,11 @@ class StalenessManager:
         without ``strict``; AReaL applies them the same way, silently)."""
 
     @property
+    def rollout_stat(self) -> RolloutStat:
+        """The live counters, under AReaL's attribute name (hold :attr:`lock` to read them)."""
+        return self.counter.stat
+
+    @property
     def max_concurrent_rollouts(self) -> int:
         return self.counter.max_concurrent_rollouts
 
