@@ -75,6 +75,7 @@ def run_once(policy: str, steps: int, batch: int, group: int, eta: int) -> tuple
         max_head_offpolicyness=eta,
         consumer_batch_size=batch,
         group_size=group,
+        max_concurrent_rollouts=(eta + 1) * batch,  # the same window for both policies
     )
     engine = InstantEngine()
     executor = WorkflowExecutor(config, engine).initialize()

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from stalebound.runtime import ExecutorStatistics, WorkflowExecutor
 
@@ -273,6 +273,21 @@ def _loop_idle(ex: WorkflowExecutor) -> bool:
     return all(h.cancelled() or h._callback == wake for h in loop._ready)
 
 
+_T = TypeVar("_T")
+
+
+def _poll(ex: WorkflowExecutor, check: Callable[[], tuple[bool, _T]]) -> _T:
+    """Run ``check`` on the loop thread until it says done; the deadline only turns a hang into a
+    failure."""
+    deadline = time.monotonic() + 120
+    while True:
+        done, value = ex._call(check)
+        if done:
+            return value
+        assert time.monotonic() < deadline, f"the executor did not settle: {ex.statistics()}"
+        time.sleep(0.0005)
+
+
 def quiesce(
     ex: WorkflowExecutor,
     engine: _Engine,
@@ -284,29 +299,21 @@ def quiesce(
 
     Every answer the test gave was queued on the loop before this check (``call_soon_threadsafe``
     keeps order), and everything it caused is queued behind it, so an empty ready queue means all
-    of it has run. The deadline only turns a hang into a failure."""
+    of it has run."""
 
     def check() -> tuple[bool, ExecutorStatistics]:
-        quiet = _loop_idle(ex) and (until is None or until())
-        return quiet, ex._statistics()
+        stats = ex._statistics()
+        quiet = _loop_idle(ex) and stats.running_members == len(engine.pending())
+        return quiet and (until is None or until()), stats
 
-    deadline = time.monotonic() + 120
-    while True:
-        quiet, stats = ex._call(check)
-        if quiet and stats.running_members == len(engine.pending()):
-            return stats
-        assert time.monotonic() < deadline, f"the executor did not settle: {stats}"
-        time.sleep(0.0005)
+    return _poll(ex, check)
 
 
 def settle(ex: WorkflowExecutor) -> None:
     """Wait until the loop has nothing left to run: call it between two calls a trainer thread
     makes (``set_version`` wakes the dispatcher through its own hop, which would otherwise race
     the next call)."""
-    deadline = time.monotonic() + 120
-    while not ex._call(lambda: _loop_idle(ex)):
-        assert time.monotonic() < deadline, f"the executor did not settle: {ex.statistics()}"
-        time.sleep(0.0005)
+    _poll(ex, lambda: (_loop_idle(ex), None))
 
 
 def parked_in_wait(ex: WorkflowExecutor, thread: threading.Thread) -> Callable[[], bool]:
