@@ -50,7 +50,7 @@ elif tar -tzf "$work/areal.tar.gz" "$top/$TEST" >/dev/null 2>&1; then
 else
   url="https://raw.githubusercontent.com/inclusionAI/AReaL/v$VERSION/$TEST"
   "$PY" -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
-    "$url" "$work/$TEST" || {
+    "$url" "$work/$TEST" 2>/dev/null || {
     echo "areal $VERSION's sdist does not ship $TEST and $url could not be fetched;" \
       "set AREAL_TESTS to the file or to a checkout of AReaL $VERSION" >&2
     exit 2
