@@ -18,6 +18,19 @@ from typing import Any, Protocol, TypeVar
 
 from stalebound.runtime import ExecutorStatistics, WorkflowExecutor
 
+
+class Versioned:
+    """An engine's policy version, which the test sets."""
+
+    version: int
+
+    def get_version(self) -> int:
+        return self.version
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+
 # ---------------------------------------------------------------------------- data-in engine
 
 
@@ -33,7 +46,7 @@ class Call:
 
 
 @dataclass
-class ScriptedEngine:
+class ScriptedEngine(Versioned):
     """Each ``agenerate`` waits until the test answers it (or answers at once with ``auto``).
 
     A result carries per-token versions: the version at the start and at the end of generation.
@@ -43,12 +56,6 @@ class ScriptedEngine:
     version: int = 0
     calls: list[Call] = field(default_factory=list)
     cond: threading.Condition = field(default_factory=threading.Condition)
-
-    def get_version(self) -> int:
-        return self.version
-
-    def set_version(self, version: int) -> None:
-        self.version = version
 
     async def agenerate(self, data: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -138,19 +145,13 @@ class RequestCall:
 
 
 @dataclass
-class ProtocolEngine:
+class ProtocolEngine(Versioned):
     version: int = 0
     auto: Callable[[RequestCall], tuple[int, float]] | None = None
     """Answer at once with ``(tokens, score)`` instead of waiting for the test."""
     calls: list[RequestCall] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
     cond: threading.Condition = field(default_factory=threading.Condition)
-
-    def get_version(self) -> int:
-        return self.version
-
-    def set_version(self, version: int) -> None:
-        self.version = version
 
     def _response(
         self, call: RequestCall, tokens: int, reason: str, score: float
