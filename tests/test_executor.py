@@ -464,8 +464,10 @@ def test_exceptions_timeouts_and_none_never_leak_a_slot() -> None:
 
 def test_consecutive_failures_stop_the_executor_with_the_causes() -> None:
     with make(ScriptedEngine(), max_consecutive_failures=3, consumer_batch_size=2) as ex:
+        ex.pause()  # every group submitted before the first can fail and stop the executor
         for _ in range(6):
             ex.submit("boom", Flaky())
+        ex.resume()
         with pytest.raises(RolloutError, match=r"3 groups failed in a row.*error:RuntimeError"):
             ex.wait(2, timeout=20)
         with pytest.raises(RolloutError):
