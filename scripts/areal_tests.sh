@@ -6,7 +6,8 @@
 # Everything happens in a temporary directory that is removed on exit; nothing of AReaL's is kept.
 #   AREAL_VERSION  the release (default 1.0.4): its sdist is fetched from PyPI for AReaL's class
 #   AREAL_TESTS    AReaL's test file, or a checkout of AReaL holding tests/test_staleness_manager.py;
-#                  by default taken from the sdist if it ships it, else from the release's git tag
+#                  by default taken from the sdist if it ships it, else from the release's git tag;
+#                  where neither can be had, the script says SKIPPED and exits 0
 #   AREAL_REPEAT   runs of TestThreadSafety::test_concurrent_mixed_operations (default 200), all
 #                  under sys.setswitchinterval(1e-6) so that the threads interleave finely
 set -euo pipefail
@@ -49,11 +50,15 @@ elif tar -tzf "$work/areal.tar.gz" "$top/$TEST" >/dev/null 2>&1; then
   tar -xzf "$work/areal.tar.gz" -C "$work" "$top/$TEST" && mv "$work/$top/$TEST" "$work/$TEST"
 else
   url="https://raw.githubusercontent.com/inclusionAI/AReaL/v$VERSION/$TEST"
-  "$PY" -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
-    "$url" "$work/$TEST" 2>/dev/null || {
-    echo "areal $VERSION's sdist does not ship $TEST and $url could not be fetched;" \
-      "set AREAL_TESTS to the file or to a checkout of AReaL $VERSION" >&2
-    exit 2
+  fetch='import sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=30) as r:
+    open(sys.argv[2], "wb").write(r.read())'
+  "$PY" -c "$fetch" "$url" "$work/$TEST" 2>/dev/null || {
+    # Not a failure of ours: the file is not to be had from here (no route to GitHub). Said
+    # plainly, so a run without it is never mistaken for a pass.
+    echo "SKIPPED: AReaL's $TEST was not run: areal $VERSION's sdist does not ship it and" \
+      "$url could not be fetched; set AREAL_TESTS to the file or to a checkout of AReaL $VERSION"
+    exit 0
   }
 fi
 
