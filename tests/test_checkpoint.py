@@ -230,9 +230,15 @@ def test_resuming_an_older_checkpoint_abandons_the_later_ones(tmp_path: Path) ->
 
 
 def test_a_checkpoint_is_put_in_place_before_a_signal_is_handled(tmp_path: Path) -> None:
-    with pytest.raises(KeyboardInterrupt), ck._signals_deferred():
-        signal.raise_signal(signal.SIGINT)  # Python's default handler: KeyboardInterrupt
-        _write(tmp_path, 5)  # still runs: the interrupt waits for the block to end
+    # Python's default handler (KeyboardInterrupt), set here: a process started in the background
+    # by a non-interactive shell inherits SIGINT ignored, and Python then leaves it ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), ck._signals_deferred():
+            signal.raise_signal(signal.SIGINT)
+            _write(tmp_path, 5)  # still runs: the interrupt waits for the block to end
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert ck.open_checkpoint(tmp_path).step == 5
 
 
