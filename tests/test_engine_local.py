@@ -26,7 +26,12 @@ from stalebound.engines import (  # noqa: E402
     SamplingParams,
 )
 from stalebound.engines.local import LocalEngine  # noqa: E402
-from stalebound.engines.models import build_default_model, load_model, load_tokenizer  # noqa: E402
+from stalebound.engines.models import (  # noqa: E402
+    build_default_model,
+    cache_keyword,
+    load_model,
+    load_tokenizer,
+)
 
 torch.set_num_threads(1)
 
@@ -322,10 +327,11 @@ def test_versions_change_exactly_at_the_update_point(
     out = list(response.output_ids)
     assert out[:k] == greedy_full_forward(reference, prompt, k)
     # Partial rollout: the new weights continue on top of the KV cache the old weights computed.
-    cache = reference(torch.tensor([[*prompt, *out[: k - 1]]]), use_cache=True).cache
+    keyword = cache_keyword(reference)
+    cache = getattr(reference(torch.tensor([[*prompt, *out[: k - 1]]]), use_cache=True), keyword)
     expected, logprobs, token = [], [], out[k - 1]
     for _ in range(n - k):
-        logits = new(torch.tensor([[token]]), cache=cache, use_cache=True).logits[0, -1]
+        logits = new(torch.tensor([[token]]), use_cache=True, **{keyword: cache}).logits[0, -1]
         token = int(logits.argmax())
         expected.append(token)
         logprobs.append(float(torch.log_softmax(logits, -1)[token]))

@@ -38,12 +38,17 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from stalebound.engines.models import id_tuple, load_model
+from stalebound.engines.models import cache_keyword, id_tuple, load_model
 from stalebound.engines.protocol import Continuation, FinishReason, GenerateResponse
 
 _log = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
+
+
+def _layers(out: Any, argument: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The per-layer (keys, values) of a forward pass's KV cache."""
+    return [(layer.keys, layer.values) for layer in getattr(out, argument).layers]
 
 
 def uniform(seed: int, index: int) -> float:
@@ -137,6 +142,7 @@ class Worker:
         self, model: Any, *, version: int, max_batch_size: int, interrupt_mode: str
     ) -> None:
         self.model = model
+        self._cache_argument = cache_keyword(model)
         self.version = version
         self.max_batch_size = max_batch_size
         self.interrupt_mode = interrupt_mode
@@ -267,7 +273,7 @@ class Worker:
                 continue
             ids = torch.tensor([seq.context for seq in group], dtype=torch.long, device=self.device)
             out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-            kv = [(layer.keys, layer.values) for layer in out.cache.layers]
+            kv = _layers(out, self._cache_argument)
             done = self._sample_into(group, out.logits[:, -1, :])
             keep = [i for i, seq in enumerate(group) if not done[i]]
             if keep:
@@ -289,10 +295,10 @@ class Worker:
             input_ids=next_ids,
             position_ids=positions,
             attention_mask=None if bool(mask.all()) else mask.long(),
-            cache=DynamicCache(ddp_cache_data=self.kv),
             use_cache=True,
+            **{self._cache_argument: DynamicCache(ddp_cache_data=self.kv)},
         )
-        self.kv = [(layer.keys, layer.values) for layer in out.cache.layers]
+        self.kv = _layers(out, self._cache_argument)
         self.mask = mask
         done = self._sample_into(self.running, out.logits[:, -1, :])
         if any(done):

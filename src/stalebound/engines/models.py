@@ -21,6 +21,7 @@ character encodes as ``<unk>``. Encoding prepends ``<bos>``; decoding concatenat
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -48,6 +49,7 @@ __all__ = [
     "build_bpe_tokenizer",
     "build_default_model",
     "build_default_tokenizer",
+    "cache_keyword",
     "checkpoint_info",
     "checkpoint_problem",
     "is_default_model",
@@ -376,6 +378,14 @@ class CheckpointInfo:
     stop_ids: tuple[int, ...]
     """End-of-sequence ids of the generation config (and of the model config), in order."""
     vocab_size: int
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword ``model``'s forward takes its KV cache under (and its output returns it as).
+
+    transformers 5.2x calls it ``cache``; releases from 4.54 up to then, ``past_key_values``.
+    """
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def id_tuple(value: Any) -> tuple[int, ...]:
