@@ -66,3 +66,16 @@ def test_public_names_are_exported() -> None:
     assert issubclass(stalebound.ConfigError, stalebound.StaleboundError)
     assert issubclass(stalebound.ProtocolError, stalebound.StaleboundError)
     assert issubclass(stalebound.InvariantError, stalebound.StaleboundError)
+
+
+def test_training_and_observability_do_not_import_the_simulator() -> None:
+    # the trace format lives in obs/, so a training run does not load the simulator
+    root = Path(stalebound.__file__).parent
+    offenders = {
+        str(path.relative_to(root)): name
+        for layer in ("train", "obs")
+        for path in (root / layer).glob("*.py")
+        for name in imported_modules(path)  # function-level imports included
+        if name == "stalebound.sim" or name.startswith("stalebound.sim.")
+    }
+    assert offenders == {}

@@ -9,14 +9,9 @@ import pytest
 
 from stalebound.cli import main
 from stalebound.core import ConfigError
+from stalebound.obs.trace import TraceHeader, TraceRecorder, TrajectoryRecord, read_trace
 from stalebound.sim.cli import run_simulations
-from stalebound.sim.trace import (
-    ReplaySource,
-    TraceHeader,
-    TraceRecorder,
-    TrajectoryRecord,
-    read_trace,
-)
+from stalebound.sim.replay import ReplaySource
 
 KEYS = {
     "policy",

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from stalebound.obs.trace import TraceRecorder
 from stalebound.sim.config import WorkloadConfig, workload_from_dict
 from stalebound.sim.engine import EventQueue
 from stalebound.sim.simulator import POLICIES, Simulation, simulate
-from stalebound.sim.trace import TraceRecorder
 
 # Long tails on a tiny cluster: p99 is 30× the median, so stragglers outlive several steps.
 TAIL: dict[str, Any] = {

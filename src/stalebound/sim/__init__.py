@@ -8,15 +8,10 @@
 ``docs/simulator.md``.
 """
 
+from stalebound.obs.trace import TraceHeader, TraceRecorder, TrajectoryRecord, read_trace
 from stalebound.sim.config import WorkloadConfig, list_presets, load_preset, load_workload
+from stalebound.sim.replay import ReplaySource
 from stalebound.sim.simulator import POLICIES, Bound, SimResult, Simulation, compute_bound, simulate
-from stalebound.sim.trace import (
-    ReplaySource,
-    TraceHeader,
-    TraceRecorder,
-    TrajectoryRecord,
-    read_trace,
-)
 
 __all__ = [
     "POLICIES",

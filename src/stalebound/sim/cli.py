@@ -14,16 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from stalebound.core.errors import ConfigError, StaleboundError
+from stalebound.obs.trace import TraceHeader, TraceRecorder, TrajectoryRecord, read_trace
 from stalebound.sim.config import WorkloadConfig, list_presets, load_preset, load_workload
+from stalebound.sim.replay import ReplaySource, trace_means
 from stalebound.sim.simulator import POLICIES, SimResult, compute_bound, simulate
-from stalebound.sim.trace import (
-    ReplaySource,
-    TraceHeader,
-    TraceRecorder,
-    TrajectoryRecord,
-    read_trace,
-    trace_means,
-)
 from stalebound.userfiles import label, writable_dir_problem, writable_file_problem
 
 __all__ = ["register", "run_simulations"]

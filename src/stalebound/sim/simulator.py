@@ -39,10 +39,10 @@ from stalebound.core import (
     StalenessBuffer,
     StalenessPolicy,
 )
+from stalebound.obs.trace import TraceRecorder, TrajectoryRecord
 from stalebound.sim import proactive
 from stalebound.sim.config import WorkloadConfig
 from stalebound.sim.engine import EventQueue, Replica, Sequence
-from stalebound.sim.trace import TraceRecorder, TrajectoryRecord
 from stalebound.sim.workload import SampledSource, TrajectorySource, distribution_mean
 
 __all__ = [

@@ -7,7 +7,7 @@ segment. A :class:`TrajectorySource` hands out specs by (prompt, attempt, member
 * :class:`SampledSource` draws them from the workload's distributions. Common random numbers: the
   first attempt of prompt k always gets the same N′ members, whatever the policy, because they are
   drawn from one stream in prompt order; relaunches and retries draw from a second stream.
-* :class:`stalebound.sim.trace.ReplaySource` reads them from a recorded trace.
+* :class:`stalebound.sim.replay.ReplaySource` reads them from a recorded trace.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ class EngineEpisode:
 
         trajectory = await self._workflow.run(generate, sample)
         if self._recorder is not None:  # what `stalebound simulate --replay` re-times
-            from stalebound.sim.trace import TrajectoryRecord
+            from stalebound.obs.trace import TrajectoryRecord
 
             self._recorder.record(
                 TrajectoryRecord(
@@ -742,7 +742,7 @@ def _train(
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p)
         recorder = None
         if cfg.run.trace:
-            from stalebound.sim.trace import TraceHeader, TraceRecorder
+            from stalebound.obs.trace import TraceHeader, TraceRecorder
 
             meta = {"task": cfg.task.name, "staleness": cfg.rollout.max_head_offpolicyness}
             header = TraceHeader(source="runtime", group_size=cfg.rollout.group_size, meta=meta)
