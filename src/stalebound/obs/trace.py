@@ -12,12 +12,15 @@ Trajectory::
 
     {"type": "trajectory", "prompt_id": 17, "group_id": 23, "member": 0, "start": 12.5,
      "end": 80.25, "tokens": 2048, "tool_latencies": [1.2, 0.4], "failed": false, "version": 3,
-     "complete": true, "outcome": "trained"}
+     "complete": true, "outcome": "trained", "reward_latency": 0.05}
 
 * ``prompt_id`` identifies the prompt (a retried group has a new ``group_id``, the same prompt).
 * ``start`` / ``end``: seconds from the start of the run (wall-clock for real runs, virtual time for
   simulated ones) when generation began and ended.
-* ``tokens``: generated tokens; ``tool_latencies``: seconds of each tool call, in order.
+* ``tokens``: generated tokens; ``tool_latencies``: seconds of each tool call, in order (a real
+  run counts the time between two model turns).
+* ``reward_latency`` (optional, 0 when absent): seconds from the end of the last model turn to the
+  end of the episode (the reward's wait and scoring); ``end − start`` includes it.
 * ``failed``: the trajectory ended in an error after ``tokens`` tokens.
 * ``version``: V_traj, the policy version at the start of its generation.
 * ``complete``: it ran to its natural end (finished or failed). ``false`` when it was cut short
@@ -78,6 +81,7 @@ class TrajectoryRecord:
     version: int = 0
     complete: bool = True
     outcome: str | None = None
+    reward_latency: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -95,6 +99,8 @@ class TrajectoryRecord:
         }
         if self.outcome is not None:
             data["outcome"] = self.outcome
+        if self.reward_latency:
+            data["reward_latency"] = round(self.reward_latency, 6)
         return data
 
 
@@ -199,6 +205,8 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
             )
             tools = tuple(float(t) for t in obj.get("tool_latencies", ()))
             _need(all(t >= 0 for t in tools), str(p), number, "tool latencies must be ≥ 0")
+            reward = float(obj.get("reward_latency", 0.0))
+            _need(reward >= 0, str(p), number, f"reward_latency={reward!r}: must be ≥ 0")
             records.append(
                 TrajectoryRecord(
                     prompt_id=obj["prompt_id"],
@@ -212,6 +220,7 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
                     version=int(obj.get("version", 0)),
                     complete=bool(obj.get("complete", True)),
                     outcome=obj.get("outcome"),
+                    reward_latency=reward,
                 )
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:

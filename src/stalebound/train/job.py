@@ -103,10 +103,15 @@ class EngineEpisode:
         started = time.monotonic()
         generated = [0]
         finish = ["stop"]
+        # time outside the engine: between two turns (tool calls) and after the last (the reward)
+        tools: list[float] = []
+        returned: list[float] = []
 
         async def generate(
             input_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int]
         ) -> GenerateResponse:
+            if returned:
+                tools.append(time.monotonic() - returned[0])
             sampling = dataclasses.replace(
                 self._sampling, max_new_tokens=max_new_tokens, stop_token_ids=tuple(stop_token_ids)
             )
@@ -116,22 +121,26 @@ class EngineEpisode:
             response: GenerateResponse = await engine.agenerate(request)
             generated[0] += response.num_output_tokens
             finish[0] = response.finish_reason
+            returned[:] = [time.monotonic()]
             return response
 
         trajectory = await self._workflow.run(generate, sample)
         if self._recorder is not None:  # what `stalebound simulate --replay` re-times
             from stalebound.obs.trace import TrajectoryRecord
 
+            ended = time.monotonic()
             self._recorder.record(
                 TrajectoryRecord(
                     prompt_id=sample.id,
                     group_id=number,
                     member=0,
                     start=started - self._t0,
-                    end=time.monotonic() - self._t0,
+                    end=ended - self._t0,
                     tokens=generated[0],
+                    tool_latencies=tuple(tools),
                     version=version,
                     complete=finish[0] != "abort",
+                    reward_latency=ended - returned[0] if returned else 0.0,
                 )
             )
         return trajectory
