@@ -44,8 +44,8 @@ def test_unknown_keys_and_bad_values_are_all_reported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_workload(f)
     assert info.value.problems == (
-        "engine.step_bse=0.1: unknown key; known keys here are max_concurrency, replicas, "
-        "step_base, step_per_seq, sync_delay",
+        "engine.step_bse=0.1: unknown key; known keys here are max_batch, max_concurrency, "
+        "prefill, replicas, step_base, step_per_seq, sync_delay, update_stall",
         "batch.groups='two': must be an integer; write a whole number like 8",
         "lengths.p99=50.0: must be > median=100.0; raise p99",
         "engine.replicas=0: must be ≥ 1; set the replica count",

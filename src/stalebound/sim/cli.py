@@ -2,7 +2,8 @@
 
 Prints a table (or, with ``--json``, one JSON object per line for each policy and η), optionally
 writes plots, records a trace of the first run (``--record``) or replays a recorded one
-(``--replay``).
+(``--replay``). ``--calibrate RUN_DIR`` fits a workload to a real run, writes it, and prints the
+simulator's prediction of that run (and of ``--compare`` runs) beside what was measured.
 """
 
 from __future__ import annotations
@@ -36,6 +37,26 @@ def register(subparsers: Any) -> None:
         "--preset", default=None, help=f"a shipped workload: {', '.join(list_presets())}"
     )
     src.add_argument("--workload", default=None, metavar="FILE", help="a workload YAML file")
+    src.add_argument(
+        "--calibrate",
+        default=None,
+        metavar="RUN_DIR",
+        help="fit a workload to a `stalebound train` run, write it (--out) and predict the run",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="with --calibrate: where to write the workload (default RUN_DIR/calibrated.yaml)",
+    )
+    p.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="RUN_DIR",
+        help="with --calibrate: also predict this run (its policy and η) and set it beside its "
+        "measurement (repeatable)",
+    )
     p.add_argument(
         "--policy",
         action="append",
@@ -65,6 +86,12 @@ def register(subparsers: Any) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.calibrate is not None:
+        return _calibrate_main(args)
+    if args.compare or args.out:
+        flag = "--compare" if args.compare else "--out"
+        print(f"stalebound simulate: {flag} needs --calibrate RUN_DIR", file=sys.stderr)
+        return 2
     try:
         if args.plot is not None:  # before minutes of simulating, not after
             problem = writable_dir_problem(
@@ -226,3 +253,116 @@ def _table(results: list[SimResult]) -> None:
         )
     # a pipe or file gets the whole table rather than 80 truncated columns
     Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+def _calibrate_main(args: argparse.Namespace) -> int:
+    from stalebound.sim import calibrate as cal_mod
+
+    try:
+        run_dir = Path(args.calibrate)
+        out = Path(args.out) if args.out else run_dir / "calibrated.yaml"
+        problem = writable_file_problem(str(out), label("out", str(out)), fix="give another path")
+        if problem:
+            raise ConfigError(problem)
+        cal = cal_mod.calibrate(run_dir, seed=args.seed)
+        written = cal_mod.write_workload(cal, out)
+        rows = [_prediction(cal_mod, cal, d, args.seed) for d in [run_dir, *args.compare]]
+    except StaleboundError as exc:
+        print(f"stalebound simulate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"fits": [f.__dict__ for f in cal.fits], "workload": str(written)}))
+        for row in rows:
+            print(json.dumps(row, sort_keys=True))
+        return 0
+    _print_calibration(cal, written, rows)
+    return 0
+
+
+def _prediction(cal_mod: Any, cal: Any, run_dir: str | Path, seed: int) -> dict[str, Any]:
+    info = cal_mod.read_run_info(run_dir)
+    measured = cal_mod.measure(run_dir, cal.workload.run.warmup_fraction)
+    r = cal_mod.predict(
+        cal, policy=info.policy, staleness=info.staleness, steps=measured.steps, seed=seed
+    )
+    steps = r.steps - min(r.steps - 1, int(r.steps * cal.workload.run.warmup_fraction))
+    return {
+        "run": str(run_dir),
+        "policy": info.policy,
+        "staleness": info.staleness,
+        "predicted": {
+            "trajectories_per_s": r.throughput,
+            "trainer_idle": 1.0 - r.trainer_util,
+            "engine_idle": r.engine_idle,
+            "staleness_mean": r.staleness_mean,
+            "staleness_histogram": {str(k): v for k, v in r.staleness_histogram.items()},
+            "step_s": r.window / steps,
+        },
+        "measured": {
+            "trajectories_per_s": measured.trajectories_per_s,
+            "trainer_idle": measured.trainer_idle,
+            "engine_idle": measured.engine_idle,
+            "staleness_mean": measured.staleness_mean,
+            "staleness_histogram": {str(k): v for k, v in measured.staleness_histogram.items()},
+            "step_s": measured.step_s,
+        },
+    }
+
+
+def _histogram(h: dict[str, int]) -> str:
+    n = sum(h.values()) or 1
+    return " ".join(f"{k}:{v / n:.0%}" for k, v in h.items())
+
+
+def _print_calibration(cal: Any, written: Path, rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    fits = Table(title=f"fitted from {rows[0]['run']}")
+    for col in ("workload key", "value", "unit", "fit"):
+        fits.add_column(col, justify="right" if col == "value" else "left")
+    for f in cal.fits:
+        fits.add_row(f.key, f"{f.value:.4g}", f.unit, f.error)
+    console.print(fits)
+    console.print(f"wrote {written} (edit it and pass it to --workload)")
+    table = Table(title="predicted / measured (steps after the first 10 %)")
+    for col in (
+        "run",
+        "policy",
+        "η",
+        "traj/s",
+        "error",
+        "trainer idle",
+        "engine idle",
+        "staleness mean",
+        "staleness histogram",
+        "s per step",
+    ):
+        table.add_column(col, justify="left" if col in ("run", "policy") else "right")
+    base = next((r for r in rows if r["staleness"] == 0), None)
+    for row in rows:
+        p, m = row["predicted"], row["measured"]
+        tps = f"{p['trajectories_per_s']:.1f} / {m['trajectories_per_s']:.1f}"
+        if base is not None and row is not base:
+            ps = p["trajectories_per_s"] / base["predicted"]["trajectories_per_s"]
+            ms = m["trajectories_per_s"] / base["measured"]["trajectories_per_s"]
+            tps += f" (×{ps:.2f} / ×{ms:.2f})"
+        table.add_row(
+            Path(row["run"]).name,
+            row["policy"],
+            str(row["staleness"]),
+            tps,
+            f"{p['trajectories_per_s'] / m['trajectories_per_s'] - 1:+.1%}",
+            f"{p['trainer_idle']:.3f} / {m['trainer_idle']:.3f}",
+            f"{p['engine_idle']:.3f} / {m['engine_idle']:.3f}",
+            f"{p['staleness_mean']:.2f} / {m['staleness_mean']:.2f}",
+            f"{_histogram(p['staleness_histogram'])} / {_histogram(m['staleness_histogram'])}",
+            f"{p['step_s']:.3f} / {m['step_s']:.3f}",
+        )
+    console.print(table)
+    if base is not None and len(rows) > 1:
+        console.print("(×k: speed-up over the η = 0 run, predicted / measured)")

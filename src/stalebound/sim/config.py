@@ -71,7 +71,8 @@ class EngineConfig:
     """Inference replicas with continuous batching.
 
     One decode step takes ``step_base + step_per_seq × active`` seconds and advances every active
-    sequence of the replica by one token. A replica runs at most ``max_concurrency`` sequences.
+    sequence of the replica by one token. A replica holds at most ``max_concurrency`` sequences
+    and decodes at most ``max_batch`` of them at once (the rest wait their turn).
     """
 
     replicas: int = 16
@@ -80,6 +81,12 @@ class EngineConfig:
     step_per_seq: float = 0.0001
     sync_delay: float = 0.0
     """Seconds between the end of a train step and the engines serving the new version."""
+    max_batch: int | None = None
+    """Sequences decoded at once per replica; ``None``: all it holds (``max_concurrency``)."""
+    prefill: float = 0.0
+    """Seconds each sequence joining the batch stalls its replica (its prefill)."""
+    update_stall: float = 0.0
+    """Seconds every replica stops decoding when new weights arrive (installing them)."""
 
 
 @dataclass(frozen=True)
@@ -95,10 +102,14 @@ class BatchConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """One train step takes ``step_time + per_token × trained tokens`` seconds."""
+    """One train step takes ``step_time + per_token × trained tokens`` seconds, then ``publish``
+    seconds to hand the weights to the engines (both busy). ``handoff`` seconds pass between a
+    batch being ready and the step starting (idle: the batch is collated and handed over)."""
 
     step_time: float = 15.0
     per_token: float = 0.0
+    publish: float = 0.0
+    handoff: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,9 @@ class AgentConfig:
     tool_latency: DistributionConfig = field(
         default_factory=lambda: DistributionConfig("lognormal", median=1.0, p99=20.0)
     )
+    reward_latency: DistributionConfig | None = None
+    """Seconds from the end of generation to the trajectory being complete (a reward service's
+    wait); it holds the engine slot but not a batch place. ``None``: no wait."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +252,7 @@ def workload_from_dict(data: Mapping[str, Any], *, base_dir: str = ".") -> Workl
 _NESTED: dict[str, type[Any]] = {
     "lengths": DistributionConfig,
     "tool_latency": DistributionConfig,
+    "reward_latency": DistributionConfig,
     "engine": EngineConfig,
     "batch": BatchConfig,
     "trainer": TrainerConfig,
@@ -264,6 +279,9 @@ def _build(cls: type[Any], data: Any, prefix: str, problems: list[str]) -> Any:
             problems.append(
                 f"{path}={value!r}: unknown key; known keys here are {', '.join(sorted(fields))}"
             )
+            continue
+        if key in _NESTED and value is None and "None" in str(fields[key].type):
+            kwargs[key] = None
             continue
         if key in _NESTED:
             kwargs[key] = _build(_NESTED[key], value, f"{path}.", problems)
@@ -318,6 +336,10 @@ def validate(cfg: WorkloadConfig) -> list[str]:
 
     _validate_distribution(cfg.lengths, "lengths", cfg.base_dir, problems)
     _validate_distribution(cfg.agent.tool_latency, "agent.tool_latency", cfg.base_dir, problems)
+    if cfg.agent.reward_latency is not None:
+        _validate_distribution(
+            cfg.agent.reward_latency, "agent.reward_latency", cfg.base_dir, problems
+        )
     e = cfg.engine
     need(e.replicas >= 1, "engine.replicas", e.replicas, "must be ≥ 1; set the replica count")
     need(
@@ -329,6 +351,14 @@ def validate(cfg: WorkloadConfig) -> list[str]:
     need(e.step_base > 0, "engine.step_base", e.step_base, "must be > 0 seconds per decode step")
     need(e.step_per_seq >= 0, "engine.step_per_seq", e.step_per_seq, "must be ≥ 0 seconds")
     need(e.sync_delay >= 0, "engine.sync_delay", e.sync_delay, "must be ≥ 0 seconds")
+    need(
+        e.max_batch is None or e.max_batch >= 1,
+        "engine.max_batch",
+        e.max_batch,
+        "must be ≥ 1, or null to decode every sequence a replica holds",
+    )
+    need(e.prefill >= 0, "engine.prefill", e.prefill, "must be ≥ 0 seconds per joining sequence")
+    need(e.update_stall >= 0, "engine.update_stall", e.update_stall, "must be ≥ 0 seconds")
     b = cfg.batch
     need(b.groups >= 1, "batch.groups", b.groups, "must be ≥ 1 (B, groups per train step)")
     need(b.group_size >= 1, "batch.group_size", b.group_size, "must be ≥ 1 (N per group)")
@@ -349,6 +379,8 @@ def validate(cfg: WorkloadConfig) -> list[str]:
     t = cfg.trainer
     need(t.step_time >= 0, "trainer.step_time", t.step_time, "must be ≥ 0 seconds")
     need(t.per_token >= 0, "trainer.per_token", t.per_token, "must be ≥ 0 seconds per token")
+    need(t.publish >= 0, "trainer.publish", t.publish, "must be ≥ 0 seconds per step")
+    need(t.handoff >= 0, "trainer.handoff", t.handoff, "must be ≥ 0 seconds per step")
     need(
         t.step_time > 0 or t.per_token > 0,
         "trainer.step_time",

@@ -11,11 +11,23 @@ events) and each sequence's finishing step ``join progress + tokens``; a min-hea
 next completion, whose time follows analytically while the active count stays fixed. A join or a
 leave changes the step time, so the replica re-derives its next completion then (one event per
 change, superseded events are ignored by a ticket number). Cost: O(log n) per join and finish.
+
+Three costs beyond the decode step, each 0 unless a workload sets it (calibration fits them):
+
+* ``prefill``: seconds each joining sequence stalls the whole replica before it decodes (a
+  continuous-batching engine prefills newcomers between two decode steps);
+* ``max_batch``: sequences decoded at once; later ones wait, first come first served, and join
+  (prefill included) when one leaves;
+* :meth:`Replica.stall`: the replica stops decoding for a while (installing new weights).
+
+A sequence of 0 tokens (a wait modelled as a segment, like a reward) finishes at once, with no
+prefill.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from typing import Any
 
 from stalebound.core.errors import InvariantError
@@ -55,15 +67,20 @@ class EventQueue:
 
 
 class Sequence:
-    """One decode segment on a replica: it finishes when the replica's progress reaches ``finish``."""
+    """One decode segment on a replica: it finishes when the replica's progress reaches ``finish``.
 
-    __slots__ = ("cancelled", "finish", "owner", "start")
+    A sequence waiting for a batch place has ``waiting`` set; ``start`` and ``finish`` are set
+    when it joins the batch."""
+
+    __slots__ = ("cancelled", "finish", "owner", "start", "tokens", "waiting")
 
     def __init__(self, owner: Any, start: float, tokens: int) -> None:
         self.owner = owner
         self.start = start
+        self.tokens = tokens
         self.finish = start + tokens
         self.cancelled = False
+        self.waiting = False
 
 
 class Replica:
@@ -76,26 +93,47 @@ class Replica:
     __slots__ = (
         "_heap",
         "_seq",
+        "_waiting",
         "active",
         "busy_time",
         "index",
         "last",
+        "max_batch",
         "max_slots",
         "per_seq",
+        "prefill",
         "progress",
         "slots",
+        "stalled_until",
         "step_base",
         "ticket",
         "tokens",
+        "waiting",
     )
 
-    def __init__(self, index: int, max_slots: int, step_base: float, per_seq: float) -> None:
+    def __init__(
+        self,
+        index: int,
+        max_slots: int,
+        step_base: float,
+        per_seq: float,
+        *,
+        prefill: float = 0.0,
+        max_batch: int | None = None,
+    ) -> None:
         self.index = index
         self.max_slots = max_slots
         self.step_base = step_base
         self.per_seq = per_seq
+        self.prefill = prefill
+        self.max_batch = max_slots if max_batch is None else max_batch
         self.slots = 0
         self.active = 0
+        self.waiting = 0
+        """Sequences waiting for a batch place (not cancelled)."""
+        self.stalled_until = 0.0
+        """Decoding resumes at this time (prefills and weight installs stall it until then)."""
+        self._waiting: deque[Sequence] = deque()
         self.progress = 0.0
         self.last = 0.0
         self.tokens = 0.0
@@ -108,27 +146,67 @@ class Replica:
 
     def advance(self, now: float) -> None:
         """Bring ``progress`` and the counters up to ``now``."""
-        dt = now - self.last
-        if dt > 0 and self.active:
-            steps = dt / (self.step_base + self.per_seq * self.active)
-            self.progress += steps
-            self.tokens += steps * self.active
-            self.busy_time += dt
+        last = self.last
+        if now > last and (self.active or self.waiting):
+            self.busy_time += now - last
+            dt = now - max(last, self.stalled_until)
+            if dt > 0 and self.active:
+                steps = dt / (self.step_base + self.per_seq * self.active)
+                self.progress += steps
+                self.tokens += steps * self.active
         self.last = now
 
+    def stall(self, seconds: float) -> None:
+        """Stop decoding for ``seconds`` from now (after earlier stalls); call :meth:`advance`
+        first."""
+        if seconds > 0:
+            self.stalled_until = max(self.last, self.stalled_until) + seconds
+
     def join(self, owner: Any, tokens: int) -> Sequence:
-        """Start decoding ``tokens`` tokens for ``owner``; call :meth:`advance` first."""
+        """Start decoding ``tokens`` tokens for ``owner`` (or queue it while the batch is full);
+        call :meth:`advance` first."""
         s = Sequence(owner, self.progress, tokens)
+        if tokens and self.active >= self.max_batch:
+            s.waiting = True
+            self.waiting += 1
+            self._waiting.append(s)
+            return s
+        self._begin(s)
+        return s
+
+    def _begin(self, s: Sequence) -> None:
+        s.waiting = False
+        s.start = self.progress
+        s.finish = s.start + s.tokens
+        if s.tokens:
+            self.stall(self.prefill)
         self._seq += 1
         heapq.heappush(self._heap, (s.finish, self._seq, s))
         self.active += 1
-        return s
+
+    def _fill(self) -> None:
+        """Waiting sequences take the batch places that came free."""
+        queue = self._waiting
+        while queue and self.active < self.max_batch:
+            s = queue.popleft()
+            if not s.cancelled:
+                self.waiting -= 1
+                self._begin(s)
+
+    def decoded(self, s: Sequence) -> float:
+        """Tokens ``s`` has decoded so far (call :meth:`advance` first)."""
+        return 0.0 if s.waiting else min(self.progress, s.finish) - s.start
 
     def cancel(self, s: Sequence) -> float:
-        """Stop a decoding sequence; returns the tokens it decoded. Call :meth:`advance` first."""
+        """Stop a sequence; returns the tokens it decoded. Call :meth:`advance` first."""
+        done = self.decoded(s)
         s.cancelled = True
-        self.active -= 1
-        return min(self.progress, s.finish) - s.start
+        if s.waiting:
+            self.waiting -= 1
+        else:
+            self.active -= 1
+            self._fill()
+        return done
 
     def next_finish(self, now: float) -> float | None:
         """When the next active sequence finishes at the current step time, or ``None``."""
@@ -138,9 +216,10 @@ class Replica:
         if not heap:
             return None
         remaining = heap[0][0] - self.progress
+        start = max(now, self.stalled_until)
         if remaining <= 0:
             return now
-        return now + remaining * (self.step_base + self.per_seq * self.active)
+        return start + remaining * (self.step_base + self.per_seq * self.active)
 
     def pop_finished(self) -> list[Sequence]:
         """Sequences whose finishing step has been reached (a tiny tolerance absorbs rounding)."""
@@ -153,4 +232,6 @@ class Replica:
                 s.cancelled = True  # finished: no longer cancellable
                 done.append(s)
         self.active -= len(done)
+        if self._waiting:
+            self._fill()
         return done

@@ -135,7 +135,8 @@ def compute_bound(
     """The :class:`Bound` of a workload. A replayed trace supplies its own per-attempt means
     (tokens, tool seconds) and failure rate in place of the workload's distributions."""
     e = cfg.engine
-    step = e.step_base + e.step_per_seq * e.max_concurrency
+    batch = min(e.max_concurrency, e.max_batch or e.max_concurrency)
+    step = e.step_base + e.step_per_seq * batch
     mean_l = distribution_mean(cfg.lengths, cfg.base_dir)
     p = cfg.failures.rate if failure_rate is None else failure_rate
     if attempt_tokens is None:
@@ -147,7 +148,7 @@ def compute_bound(
         if cfg.agent.turns > 1:
             tool_mean = distribution_mean(cfg.agent.tool_latency, cfg.base_dir)
             attempt_tool = (cfg.agent.turns - 1) * tool_mean
-    slots = e.replicas * e.max_concurrency
+    slots = e.replicas * batch
     per_success = (attempt_tokens * step + attempt_tool) / (1 - p) if p < 1 else math.inf
     generation = slots / per_success
     traj = cfg.batch.groups * cfg.batch.group_size
@@ -180,6 +181,8 @@ class SimResult:
     counts: dict[str, int]
     tokens: dict[str, float]
     timeline: list[tuple[float, str]] = field(default_factory=list)
+    engine_idle: float = 0.0
+    """Fraction of the window the replicas had no sequence (decoding or waiting), averaged."""
 
     @property
     def efficiency(self) -> float:
@@ -203,6 +206,7 @@ class SimResult:
             "efficiency": self.efficiency,
             "trainer_util": self.trainer_util,
             "engine_util": self.engine_util,
+            "engine_idle": self.engine_idle,
             "staleness_mean": self.staleness_mean,
             "staleness_max": self.staleness_max,
             "violations": self.violations,
@@ -318,7 +322,15 @@ class Simulation:
         self.bound = compute_bound(cfg) if bound is None else bound
         e = cfg.engine
         self.replicas = [
-            Replica(i, e.max_concurrency, e.step_base, e.step_per_seq) for i in range(e.replicas)
+            Replica(
+                i,
+                e.max_concurrency,
+                e.step_base,
+                e.step_per_seq,
+                prefill=e.prefill,
+                max_batch=e.max_batch,
+            )
+            for i in range(e.replicas)
         ]
         self.queue = EventQueue()
         self.free_slots = slots
@@ -664,8 +676,10 @@ class Simulation:
         t = self.cfg.trainer
         now = self.queue.now
         self.training = True
-        self._train_start = now
-        self.queue.schedule(now + t.step_time + t.per_token * tokens, _TRAIN_DONE, batch.version)
+        # the hand-over counts as trainer idle; publishing the weights as busy
+        self._train_start = now + t.handoff
+        busy = t.step_time + t.per_token * tokens + t.publish
+        self.queue.schedule(now + t.handoff + busy, _TRAIN_DONE, batch.version)
 
     def _settle(self, batch: ConsumedBatch) -> None:
         """Carry out what consume returned: cancel surplus reservations, waste dropped groups."""
@@ -688,6 +702,11 @@ class Simulation:
         self._busy += now - self._train_start
         self.steps_done += 1
         new = version + 1
+        if self.cfg.engine.update_stall > 0:  # the replicas install the new weights
+            for r in self.replicas:
+                r.advance(now)
+                r.stall(self.cfg.engine.update_stall)
+                self._dirty[r] = None
         if self.cfg.engine.sync_delay > 0:
             self.queue.schedule(now + self.cfg.engine.sync_delay, _SYNC, new)
         else:
@@ -754,7 +773,7 @@ class Simulation:
     def _progress(self, m: _Member) -> float:
         if m.state == _DECODING and m.replica is not None and m.seq is not None:
             m.replica.advance(self.queue.now)
-            return m.tokens + m.replica.progress - m.seq.start
+            return m.tokens + m.replica.decoded(m.seq)
         return m.tokens
 
     @staticmethod
@@ -801,7 +820,14 @@ class Simulation:
         return total
 
     def _busy_until(self, now: float) -> float:
-        return self._busy + (now - self._train_start if self.training else 0.0)
+        return self._busy + (max(0.0, now - self._train_start) if self.training else 0.0)
+
+    def _engine_busy_until(self, now: float) -> float:
+        total = 0.0
+        for r in self.replicas:
+            r.advance(now)
+            total += r.busy_time
+        return total / len(self.replicas)
 
     def _snapshot_window(self) -> None:
         now = self.queue.now
@@ -810,6 +836,7 @@ class Simulation:
             "trained": float(self.counts["trained"]),
             "busy": self._busy_until(now),
             "tokens": self._generated_until(now),
+            "engine_busy": self._engine_busy_until(now),
             "stuck": self._stuck_until(now),
             "blocked": self._blocked_until(now),
             "truncated": float(self.counts["truncated_trained"]),
@@ -824,6 +851,8 @@ class Simulation:
         trainer_util = (self._busy_until(now) - mark["busy"]) / window if window > 0 else 0.0
         tokens = self._generated_until(now) - mark["tokens"]
         engine_util = tokens / (self.bound.token_rate * window) if window > 0 else 0.0
+        engine_busy = self._engine_busy_until(now) - mark["engine_busy"]
+        engine_idle = 1.0 - engine_busy / window if window > 0 else 0.0
         stuck = blocked = None
         if self.buffer is not None and window > 0:
             stuck = (self._stuck_until(now) - mark["stuck"]) / window
@@ -852,6 +881,7 @@ class Simulation:
             counts=counts,
             tokens=dict(self.tokens),
             timeline=self.timeline,
+            engine_idle=engine_idle,
         )
 
     def conservation(self) -> dict[str, int]:

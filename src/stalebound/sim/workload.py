@@ -146,13 +146,15 @@ class SampledSource:
     def __init__(self, cfg: WorkloadConfig, seed: int, group_launch: int) -> None:
         self._length = make_sampler(cfg.lengths, cfg.base_dir)
         self._tool = make_sampler(cfg.agent.tool_latency, cfg.base_dir)
+        reward = cfg.agent.reward_latency
+        self._reward = None if reward is None else make_sampler(reward, cfg.base_dir)
         self._turns = cfg.agent.turns
         self._fail_rate = cfg.failures.rate
         self._launch = group_launch
         self._first = random.Random(seed)
         self._extra = random.Random(seed * 7919 + 1)
         self._next_prompt = 0
-        self._plain = self._fail_rate == 0 and self._turns == 1
+        self._plain = self._fail_rate == 0 and self._turns == 1 and self._reward is None
 
     def spec(self, prompt: int, attempt: int, member: int) -> TrajectorySpec:
         first_draw = attempt == 0 and member < self._launch and prompt >= self._next_prompt
@@ -168,8 +170,10 @@ class SampledSource:
         failed = self._fail_rate > 0 and rng.random() < self._fail_rate
         if failed:
             tokens = max(1, math.ceil(tokens * rng.random()))
-        if self._turns == 1:
-            return TrajectorySpec((tokens,), (), failed)
-        segments = split_turns(tokens, self._turns)
-        tools = tuple(self._tool(rng) for _ in range(len(segments) - 1))
-        return TrajectorySpec(tuple(segments), tools, failed)
+        segments = split_turns(tokens, self._turns) if self._turns > 1 else [tokens]
+        tools = [self._tool(rng) for _ in range(len(segments) - 1)]
+        if self._reward is not None and not failed:
+            # the reward's wait: a tool-like pause, then an empty segment that ends at once
+            tools.append(self._reward(rng))
+            segments.append(0)
+        return TrajectorySpec(tuple(segments), tuple(tools), failed)

@@ -1,0 +1,482 @@
+"""Calibration: fit a workload to what a real ``stalebound train`` run recorded, and check it.
+
+:func:`calibrate` reads a run directory — ``config.yaml`` (B, N, η, the policy, the engines),
+``trace.jsonl`` (each episode: start, end, tokens, tool and reward waits), ``metrics.jsonl`` (each
+step: train time, publish time, wait, trained tokens) and ``staleness.jsonl`` — and fits:
+
+* **lengths**, **tool latency**, **reward latency**: the recorded values, as empirical
+  distributions (files of values next to the workload file);
+* **the engine**: each busy period of the engine (episodes generating back to back) lasts
+  ``prefill × joins + step_base × decode steps + step_per_seq × tokens`` — the replica model's
+  cost, summed — fitted by non-negative least squares over the busy periods;
+* **the trainer**: ``step_time + per_token × trained tokens`` by least squares over the steps
+  (everything of a step but its wait and the weight publication: training and bookkeeping),
+  ``publish`` as the mean time spent handing the weights to the engines;
+* **failures**: failed members ÷ members launched;
+* **the hand-over** (``trainer.handoff``): the trainer's idle time per step that the engine model
+  does not explain (collating and handing the batch over); fitted last, by simulating the run once
+  without it.
+
+:func:`measure` reads the run's own figures over the same window the simulator measures (after
+the first ``warmup_fraction`` of the steps), and :func:`predict` simulates a run directory's policy
+and η under a calibrated workload, so the two can be set side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stalebound.core.errors import ConfigError
+from stalebound.obs.trace import TrajectoryRecord, read_trace
+from stalebound.sim.config import (
+    AgentConfig,
+    BatchConfig,
+    DistributionConfig,
+    EngineConfig,
+    FailureConfig,
+    ProactiveConfig,
+    RunConfig,
+    TrainerConfig,
+    WorkloadConfig,
+    workload_from_dict,
+)
+from stalebound.sim.simulator import SimResult, simulate
+from stalebound.userfiles import label, read_lines
+
+__all__ = [
+    "Calibration",
+    "Fit",
+    "Measured",
+    "RunInfo",
+    "calibrate",
+    "measure",
+    "predict",
+    "read_run_info",
+    "write_workload",
+]
+
+MAX_IN_FLIGHT = 65536
+"""Engine slots per replica when the run set no limit (the engine queues what it cannot batch)."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One fitted value: its workload key, value, unit and how well the model fits the data."""
+
+    key: str
+    value: float
+    unit: str
+    error: str
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a run directory's ``config.yaml`` says about the run."""
+
+    policy: str
+    staleness: int
+    groups: int
+    group_size: int
+    steps: int
+    replicas: int
+    max_batch: int | None
+    max_in_flight: int | None
+    max_concurrent_groups: int | None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A run's figures over its measuring window (the steps after the warm-up)."""
+
+    trajectories_per_s: float
+    trainer_idle: float
+    engine_idle: float
+    staleness_mean: float
+    staleness_histogram: Mapping[int, int]
+    step_s: float
+    steps: int
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fitted workload, its fits, and the run it came from."""
+
+    workload: WorkloadConfig
+    fits: tuple[Fit, ...]
+    run: RunInfo
+    lengths: tuple[float, ...]
+    tool_latencies: tuple[float, ...]
+    reward_latencies: tuple[float, ...]
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _need_file(run_dir: Path, name: str) -> Path:
+    path = run_dir / name
+    if not path.is_file():
+        raise ConfigError(
+            f"calibrate={str(run_dir)!r}: no {name} there; give the directory of a finished "
+            "`stalebound train` run (with run.trace=true)"
+        )
+    return path
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, text, _ in read_lines(path, label("calibrate", str(path)), fix="give a run dir"):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{path} line {number}: not JSON ({exc.msg}); the run directory is damaged"
+            ) from None
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def read_run_info(run_dir: str | Path) -> RunInfo:
+    """The policy, η, batch and engines of the run in ``run_dir`` (its ``config.yaml``)."""
+    path = _need_file(Path(run_dir), "config.yaml")
+    try:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        rollout, engine, run = cfg["rollout"], cfg["engine"], cfg["run"]
+        method = (rollout.get("proactive_filter") or {}).get("method", "null")
+        policy = str(rollout["staleness_policy"])
+        if policy == "buffer" and method in ("retry", "truncate"):
+            policy = f"buffer+{method}"
+        local = engine.get("kind", "local") == "local"
+        return RunInfo(
+            policy=policy,
+            staleness=int(rollout["max_head_offpolicyness"]),
+            groups=int(rollout["consumer_batch_size"]),
+            group_size=int(rollout["group_size"]),
+            steps=int(run["steps"]),
+            replicas=int(engine["replicas"]) if local else max(1, len(engine.get("urls") or [])),
+            max_batch=int(engine["max_batch_size"]) if local else None,
+            max_in_flight=engine.get("max_in_flight_per_engine"),
+            max_concurrent_groups=rollout.get("max_concurrent_rollouts"),
+        )
+    except (KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"calibrate: {path} does not read as a stalebound run config ({type(exc).__name__}: "
+            f"{exc}); give the directory of a `stalebound train` run"
+        ) from None
+
+
+def measure(run_dir: str | Path, warmup_fraction: float = 0.1) -> Measured:
+    """The run's trajectories/s, idle fractions and time per step over the steps after the first
+    ``warmup_fraction`` of them, and its staleness over every step (as the simulator measures)."""
+    run_dir = Path(run_dir)
+    rows = _jsonl(_need_file(run_dir, "metrics.jsonl"))
+    if not rows:
+        raise ConfigError(f"calibrate: {run_dir}/metrics.jsonl holds no step; the run trained none")
+    steps = len(rows)
+    warm = min(steps - 1, int(steps * warmup_fraction))
+    # the step metrics are cumulative from the start: elapsed = trained ÷ trajectories_per_s
+    trained = 0.0
+    elapsed, idle_t, idle_e = [0.0], [0.0], [0.0]
+    cum = [0.0]
+    for row in rows:
+        trained += float(row["num_trajectories"])
+        t = trained / float(row["trajectories_per_s"])
+        cum.append(trained)
+        elapsed.append(t)
+        idle_t.append(float(row["trainer_idle_fraction"]) * t)
+        idle_e.append(float(row["engine_idle_fraction"]) * t)
+    window = elapsed[-1] - elapsed[warm]
+    counts: Counter[int] = Counter()
+    for row in _jsonl(_need_file(run_dir, "staleness.jsonl")):  # every step, as simulated
+        for k, n in row["counts"].items():
+            counts[int(k)] += int(n)
+    n = sum(counts.values())
+    return Measured(
+        trajectories_per_s=(cum[-1] - cum[warm]) / window,
+        trainer_idle=(idle_t[-1] - idle_t[warm]) / window,
+        engine_idle=(idle_e[-1] - idle_e[warm]) / window,
+        staleness_mean=sum(k * c for k, c in counts.items()) / n if n else 0.0,
+        staleness_histogram=dict(sorted(counts.items())),
+        step_s=window / (steps - warm),
+        steps=steps,
+    )
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+def _lstsq_nonneg(
+    columns: Sequence[Sequence[float]], y: Sequence[float]
+) -> tuple[list[float], float]:
+    """Least squares with every coefficient ≥ 0 (the best over the subsets of columns whose
+    unconstrained solution is non-negative); returns the coefficients and the RMS residual."""
+    import itertools
+
+    import numpy as np
+
+    target = np.asarray(y, dtype=float)
+    best: tuple[float, list[float]] | None = None
+    k = len(columns)
+    for size in range(1, k + 1):
+        for subset in itertools.combinations(range(k), size):
+            x = np.asarray([columns[i] for i in subset], dtype=float).T
+            coef = np.linalg.lstsq(x, target, rcond=None)[0]
+            if (coef < 0).any():
+                continue
+            rms = float(np.sqrt(np.mean((x @ coef - target) ** 2)))
+            if best is None or rms < best[0] - 1e-12:
+                full = [0.0] * k
+                for i, c in zip(subset, coef, strict=True):
+                    full[i] = float(c)
+                best = (rms, full)
+    if best is None:
+        return [0.0] * k, float(np.sqrt(np.mean(target**2)))
+    return best[1], best[0]
+
+
+def _generation_end(r: TrajectoryRecord) -> float:
+    return r.end - r.reward_latency - sum(r.tool_latencies)
+
+
+def _busy_periods(records: Sequence[TrajectoryRecord]) -> list[tuple[float, int, int, int]]:
+    """The engine's busy periods (generation intervals that overlap, merged): duration, joins,
+    decode steps (the most tokens of one episode) and tokens of each."""
+    spans = sorted((r.start, max(r.start, _generation_end(r)), r.tokens) for r in records)
+    periods: list[tuple[float, int, int, int]] = []
+    start, end, joins, steps, tokens = spans[0][0], spans[0][1], 0, 0, 0
+    for s, e, k in spans:
+        if s > end:
+            periods.append((end - start, joins, steps, tokens))
+            start, end, joins, steps, tokens = s, e, 0, 0, 0
+        end = max(end, e)
+        joins += 1
+        steps = max(steps, k)
+        tokens += k
+    periods.append((end - start, joins, steps, tokens))
+    return periods
+
+
+def _relative(rms: float, values: Sequence[float]) -> str:
+    mean = statistics.fmean(values) if values else 0.0
+    return f"RMS residual {rms:.3g} s ({rms / mean:.0%} of the mean {mean:.3g} s)" if mean else "–"
+
+
+def _spread(values: Sequence[float], unit: str) -> str:
+    if len(values) < 2:
+        return f"{len(values)} value"
+    q = statistics.quantiles(values, n=100)
+    return (
+        f"{len(values)} values, median {statistics.median(values):.3g}{unit}, p99 {q[98]:.3g}{unit}"
+    )
+
+
+def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
+    """Fit a workload to the run in ``run_dir`` (see the module docstring)."""
+    run_dir = Path(run_dir)
+    info = read_run_info(run_dir)
+    _, records = read_trace(_need_file(run_dir, "trace.jsonl"))
+    done = [r for r in records if r.complete and r.tokens > 0]
+    if len(done) < 2:
+        raise ConfigError(
+            f"calibrate: {run_dir}/trace.jsonl holds {len(done)} complete episodes; record a "
+            "run of a few steps at least"
+        )
+    rows = _jsonl(_need_file(run_dir, "metrics.jsonl"))
+    if len(rows) < 3:
+        raise ConfigError(
+            f"calibrate: {run_dir}/metrics.jsonl holds {len(rows)} steps; calibrate from a run "
+            "of 3 steps or more"
+        )
+    fits: list[Fit] = []
+
+    lengths = tuple(float(r.tokens) for r in done)
+    fits.append(Fit("lengths", statistics.fmean(lengths), "tokens", _spread(lengths, "")))
+    tools = tuple(max(1e-6, t) for r in done for t in r.tool_latencies)
+    turns = 1 + round(statistics.median(len(r.tool_latencies) for r in done))
+    rewards = tuple(max(1e-6, r.reward_latency) for r in done)
+    if tools:
+        fits.append(Fit("agent.tool_latency", statistics.fmean(tools), "s", _spread(tools, " s")))
+    fits.append(Fit("agent.reward_latency", statistics.fmean(rewards), "s", _spread(rewards, " s")))
+
+    periods = _busy_periods(done)
+    durations = [p[0] for p in periods]
+    (prefill, step_base, per_seq), rms = _lstsq_nonneg(
+        [[p[1] for p in periods], [p[2] for p in periods], [p[3] for p in periods]], durations
+    )
+    step_base = max(step_base, 1e-6)  # a decode step takes some time
+    engine_error = f"over {len(periods)} busy periods: " + _relative(rms, durations)
+    fits += [
+        Fit("engine.prefill", prefill, "s per joining request", engine_error),
+        Fit("engine.step_base", step_base, "s per decode step", engine_error),
+        Fit("engine.step_per_seq", per_seq, "s per active request per step", engine_error),
+    ]
+
+    # the trainer is busy for all of a step but its wait: training, publishing, and the
+    # bookkeeping after it (metrics, ledger, checkpoints); elapsed = trained ÷ trajectories/s
+    publish = [max(0.0, float(r["step_and_publish_s"]) - float(r["step_time_s"])) for r in rows]
+    elapsed = [0.0]
+    trained = 0.0
+    for r in rows:
+        trained += float(r["num_trajectories"])
+        elapsed.append(trained / float(r["trajectories_per_s"]))
+    busy = [
+        max(0.0, elapsed[i + 1] - elapsed[i] - float(r["wait_s"]) - publish[i])
+        for i, r in enumerate(rows)
+    ][1:]  # the first step's clock starts before the engines warmed up
+    tokens = [float(r["num_trained_tokens"]) for r in rows][1:]
+    (step_time, per_token), rms = _lstsq_nonneg([[1.0] * len(busy), tokens], busy)
+    step_error = f"over {len(busy)} steps: " + _relative(rms, busy)
+    publish_s = statistics.fmean(publish)
+    publish_error = f"over {len(publish)} steps: sd {statistics.pstdev(publish):.3g} s"
+    fits += [
+        Fit("trainer.step_time", step_time, "s per step", step_error),
+        Fit("trainer.per_token", per_token, "s per trained token", step_error),
+        Fit("trainer.publish", publish_s, "s per step", publish_error),
+        Fit(
+            "engine.update_stall",
+            0.0,
+            "s per step",
+            "0: the engines' stall is inside the measured generation times and trainer.publish",
+        ),
+    ]
+
+    failed = float(rows[-1].get("failed_members", 0.0))
+    rate = min(0.99, failed / (len(records) + failed))
+    fits.append(Fit("failures.rate", rate, "per episode", f"{failed:.0f} of {len(records)}"))
+
+    workload = WorkloadConfig(
+        name=f"calibrated from {run_dir.name}",
+        lengths=DistributionConfig("empirical", file="lengths.txt"),
+        engine=EngineConfig(
+            replicas=info.replicas,
+            max_concurrency=info.max_in_flight or MAX_IN_FLIGHT,
+            step_base=step_base,
+            step_per_seq=per_seq,
+            max_batch=info.max_batch,
+            prefill=prefill,
+        ),
+        batch=BatchConfig(info.groups, info.group_size, info.max_concurrent_groups),
+        trainer=TrainerConfig(step_time, per_token, publish_s, 0.0),
+        agent=AgentConfig(
+            turns=turns,
+            tool_latency=DistributionConfig("empirical", file="tool_latency.txt")
+            if tools
+            else AgentConfig().tool_latency,
+            reward_latency=DistributionConfig("empirical", file="reward_latency.txt"),
+        ),
+        failures=FailureConfig(rate=rate),
+        proactive=ProactiveConfig(),
+        run=RunConfig(steps=len(rows)),
+    )
+    cal = Calibration(workload, tuple(fits), info, lengths, tools, rewards)
+    return _fit_handoff(cal, run_dir, seed)
+
+
+def _fit_handoff(cal: Calibration, run_dir: Path, seed: int) -> Calibration:
+    """Simulate the run once without a hand-over; its unexplained idle time per step is it."""
+    measured = measure(run_dir, cal.workload.run.warmup_fraction)
+    result = predict(cal, seed=seed)
+    sim_idle = (1.0 - result.trainer_util) * result.window / max(1, _window_steps(cal))
+    real_idle = measured.trainer_idle * measured.step_s
+    handoff = max(0.0, real_idle - sim_idle)
+    trainer = dataclasses.replace(cal.workload.trainer, handoff=handoff)
+    fit = Fit(
+        "trainer.handoff",
+        handoff,
+        "s per step",
+        f"measured idle {real_idle:.3g} s per step − {sim_idle:.3g} s simulated without it",
+    )
+    return dataclasses.replace(
+        cal,
+        workload=dataclasses.replace(cal.workload, trainer=trainer),
+        fits=(*cal.fits, fit),
+    )
+
+
+def _window_steps(cal: Calibration) -> int:
+    steps = cal.workload.run.steps
+    return steps - min(steps - 1, int(steps * cal.workload.run.warmup_fraction))
+
+
+# ------------------------------------------------------------------------ prediction
+
+
+def predict(
+    cal: Calibration,
+    *,
+    policy: str | None = None,
+    staleness: int | None = None,
+    steps: int | None = None,
+    seed: int = 0,
+) -> SimResult:
+    """Simulate the calibrated workload under ``policy`` and η (default: the run's own)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="stalebound-calibrated-") as tmp:
+        _write_values(cal, Path(tmp))
+        cfg = dataclasses.replace(cal.workload, base_dir=tmp)
+        return simulate(
+            cfg,
+            cal.run.policy if policy is None else policy,
+            cal.run.staleness if staleness is None else staleness,
+            seed=seed,
+            steps=steps,
+        )
+
+
+def _write_values(cal: Calibration, folder: Path) -> None:
+    for name, values in (
+        ("lengths.txt", cal.lengths),
+        ("tool_latency.txt", cal.tool_latencies),
+        ("reward_latency.txt", cal.reward_latencies),
+    ):
+        if values:
+            (folder / name).write_text("".join(f"{v:.6g}\n" for v in values), encoding="utf-8")
+
+
+def write_workload(cal: Calibration, path: str | Path) -> Path:
+    """Write the workload as YAML at ``path`` and its value files beside it; returns the path.
+
+    The value files are named ``<stem>.lengths.txt`` and so on, so several calibrations can share
+    a folder. The result loads with ``--workload``."""
+    path = Path(path)
+    stem = path.name.removesuffix(".yaml").removesuffix(".yml")
+    folder = path.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for key, name, values in (
+        ("lengths", "lengths.txt", cal.lengths),
+        ("tool_latency", "tool_latency.txt", cal.tool_latencies),
+        ("reward_latency", "reward_latency.txt", cal.reward_latencies),
+    ):
+        if values:
+            target = f"{stem}.{name}"
+            (folder / target).write_text("".join(f"{v:.6g}\n" for v in values), encoding="utf-8")
+            files[key] = target
+    data = dataclasses.asdict(cal.workload)
+    data.pop("base_dir", None)
+    data["lengths"]["file"] = files["lengths"]
+    agent = data["agent"]
+    agent["reward_latency"]["file"] = files["reward_latency"]
+    if "tool_latency" in files:
+        agent["tool_latency"]["file"] = files["tool_latency"]
+    header = "".join(f"# {f.key} = {f.value:.6g} {f.unit} ({f.error})\n" for f in cal.fits)
+    text = (
+        f"# Fitted by `stalebound simulate --calibrate` from {cal.workload.name[16:]}.\n"
+        "# Edit freely and pass it to `stalebound simulate --workload`.\n" + header
+    )
+    text += yaml.safe_dump(data, sort_keys=False)
+    path.write_text(text, encoding="utf-8")
+    workload_from_dict(yaml.safe_load(text), base_dir=str(folder))  # it must load back
+    return path

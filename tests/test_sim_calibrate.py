@@ -1,0 +1,127 @@
+"""Calibration: a short real run, the workload fitted to it, and the simulator's prediction of it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from stalebound.cli import main
+from stalebound.core import ConfigError
+from stalebound.sim.calibrate import Calibration, calibrate, measure, predict, write_workload
+from stalebound.sim.config import load_preset, load_workload
+from stalebound.sim.simulator import simulate
+
+pytestmark = pytest.mark.slow
+
+# Loose enough for a machine shared with other work (the run and its prediction come from the same
+# run, so load moves both), tight enough that the preset's engine and trainer fail it.
+TPS_ERROR = 0.25
+IDLE_ERROR = 0.15
+STALENESS_ERROR = 0.3
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("run") / "r"
+    code = main(
+        [
+            "train",
+            "run.steps=20",
+            f"run.run_dir={run_dir}",
+            "run.live=false",
+            "run.eval_prompts=20",
+            "run.checkpoint=false",
+            "run.plots=false",
+            "run.tensorboard=false",
+            "train.warm_start_steps=10",
+            f"engine.cache_dir={tmp_path_factory.mktemp('models')}",
+        ]
+    )
+    assert code == 0
+    return run_dir
+
+
+def errors(cal: Calibration, run_dir: Path) -> dict[str, float]:
+    measured = measure(run_dir)
+    r = predict(cal, steps=measured.steps)
+    return {
+        "tps": abs(r.throughput / measured.trajectories_per_s - 1),
+        "trainer_idle": abs((1 - r.trainer_util) - measured.trainer_idle),
+        "engine_idle": abs(r.engine_idle - measured.engine_idle),
+        "staleness": abs(r.staleness_mean - measured.staleness_mean),
+    }
+
+
+def within(e: dict[str, float]) -> bool:
+    return (
+        e["tps"] <= TPS_ERROR
+        and e["trainer_idle"] <= IDLE_ERROR
+        and e["engine_idle"] <= IDLE_ERROR
+        and e["staleness"] <= STALENESS_ERROR
+    )
+
+
+def test_the_calibrated_simulator_predicts_its_own_run(run: Path) -> None:
+    cal = calibrate(run)
+    assert cal.run.policy == "buffer" and cal.run.staleness == 2
+    assert {f.key for f in cal.fits} >= {
+        "engine.step_per_seq",
+        "engine.prefill",
+        "trainer.step_time",
+        "trainer.publish",
+        "agent.reward_latency",
+        "failures.rate",
+        "trainer.handoff",
+    }
+    e = errors(cal, run)
+    assert within(e), e
+
+
+def test_the_bound_fails_when_the_fits_are_replaced_by_the_preset(run: Path) -> None:
+    cal = calibrate(run)
+    preset = load_preset("small")
+    ignored = dataclasses.replace(
+        cal,
+        workload=dataclasses.replace(cal.workload, engine=preset.engine, trainer=preset.trainer),
+    )
+    assert not within(errors(ignored, run))
+
+
+def test_the_written_workload_loads_and_simulates_the_same(run: Path, tmp_path: Path) -> None:
+    cal = calibrate(run)
+    path = write_workload(cal, tmp_path / "fitted.yaml")
+    assert (tmp_path / "fitted.lengths.txt").is_file()
+    text = path.read_text()
+    assert "# engine.step_per_seq = " in text  # the fits and their errors head the file
+    loaded = load_workload(path)
+    assert loaded.engine == cal.workload.engine
+    assert loaded.trainer == cal.workload.trainer
+    a = simulate(loaded, "buffer", 2, steps=10)
+    b = predict(cal, steps=10)
+    assert a.throughput == pytest.approx(b.throughput, rel=1e-3)
+
+
+def test_the_command_prints_fits_and_the_prediction(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "w.yaml"
+    capsys.readouterr()
+    code = main(["simulate", "--calibrate", str(run), "--out", str(out), "--json"])
+    assert code == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.strip()]
+    assert lines[0]["workload"] == str(out) and out.is_file()
+    row = lines[1]
+    assert row["policy"] == "buffer" and row["staleness"] == 2
+    assert set(row["predicted"]) == set(row["measured"])
+
+
+def test_a_directory_that_is_not_a_run_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError, match=r"no config\.yaml there"):
+        calibrate(tmp_path)
+    assert main(["simulate", "--compare", str(tmp_path)]) == 2
+    assert "--compare needs --calibrate" in capsys.readouterr().err
