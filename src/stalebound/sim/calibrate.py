@@ -116,6 +116,8 @@ class Calibration:
     lengths: tuple[float, ...]
     tool_latencies: tuple[float, ...]
     reward_latencies: tuple[float, ...]
+    source: str = ""
+    """The run directory it was fitted from."""
 
 
 # ----------------------------------------------------------------------------- reading
@@ -379,7 +381,7 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
         proactive=ProactiveConfig(),
         run=RunConfig(steps=len(rows)),
     )
-    cal = Calibration(workload, tuple(fits), info, lengths, tools, rewards)
+    cal = Calibration(workload, tuple(fits), info, lengths, tools, rewards, str(run_dir))
     return _fit_handoff(cal, run_dir, seed)
 
 
@@ -387,7 +389,7 @@ def _fit_handoff(cal: Calibration, run_dir: Path, seed: int) -> Calibration:
     """Simulate the run once without a hand-over; its unexplained idle time per step is it."""
     measured = measure(run_dir, cal.workload.run.warmup_fraction)
     result = predict(cal, seed=seed)
-    sim_idle = (1.0 - result.trainer_util) * result.window / max(1, _window_steps(cal))
+    sim_idle = max(0.0, (1.0 - result.trainer_util) * result.window / max(1, _window_steps(cal)))
     real_idle = measured.trainer_idle * measured.step_s
     handoff = max(0.0, real_idle - sim_idle)
     trainer = dataclasses.replace(cal.workload.trainer, handoff=handoff)
@@ -466,14 +468,14 @@ def write_workload(cal: Calibration, path: str | Path) -> Path:
             files[key] = target
     data = dataclasses.asdict(cal.workload)
     data.pop("base_dir", None)
-    data["lengths"]["file"] = files["lengths"]
+    data["lengths"] = {"distribution": "empirical", "file": files["lengths"]}
     agent = data["agent"]
-    agent["reward_latency"]["file"] = files["reward_latency"]
+    agent["reward_latency"] = {"distribution": "empirical", "file": files["reward_latency"]}
     if "tool_latency" in files:
-        agent["tool_latency"]["file"] = files["tool_latency"]
+        agent["tool_latency"] = {"distribution": "empirical", "file": files["tool_latency"]}
     header = "".join(f"# {f.key} = {f.value:.6g} {f.unit} ({f.error})\n" for f in cal.fits)
     text = (
-        f"# Fitted by `stalebound simulate --calibrate` from {cal.workload.name[16:]}.\n"
+        f"# Fitted by `stalebound simulate --calibrate {cal.source}`.\n"
         "# Edit freely and pass it to `stalebound simulate --workload`.\n" + header
     )
     text += yaml.safe_dump(data, sort_keys=False)
