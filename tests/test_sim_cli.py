@@ -57,7 +57,7 @@ def test_table_and_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     bad = tmp_path / "bad.yaml"
     bad.write_text("batch:\n  groups: 0\n")
     assert main(["simulate", "--workload", str(bad), "--policy", "buffer"]) == 2
-    assert "batch.groups=0: must be ≥ 1" in capsys.readouterr().err
+    assert "batch.groups=0: must be an integer ≥ 1" in capsys.readouterr().err
 
 
 def test_record_then_replay_under_other_policies(tmp_path: Path) -> None:

@@ -44,23 +44,22 @@ def test_unknown_keys_and_bad_values_are_all_reported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_workload(f)
     assert info.value.problems == (
-        "engine.step_bse=0.1: unknown key; known keys here are max_batch, max_concurrency, "
-        "prefill, replicas, step_base, step_per_seq, sync_delay, update_stall",
-        "batch.groups='two': must be an integer; write a whole number like 8",
         "lengths.p99=50.0: must be > median=100.0; raise p99",
-        "engine.replicas=0: must be ≥ 1; set the replica count",
+        "engine.replicas=0: must be an integer ≥ 1; set the replica count",
+        "batch.groups=two: must be an integer; write a whole number (default: 32)",
+        "engine.step_bse=0.1: unknown key; did you mean engine.step_base?",
     )
 
 
 def test_null_is_accepted_only_where_documented() -> None:
     cfg = workload_from_dict({"lengths": {"cap": None}, "failures": {"max_relaunches": None}})
     assert cfg.lengths.cap is None and cfg.failures.max_relaunches is None
-    with pytest.raises(ConfigError, match=r"trainer\.step_time=None: a value is required"):
+    with pytest.raises(ConfigError, match=r"trainer\.step_time=null: must not be null"):
         workload_from_dict({"trainer": {"step_time": None}})
 
 
 def test_bad_distribution_and_missing_files_name_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"lengths\.distribution='gamma': use one of"):
+    with pytest.raises(ConfigError, match=r"lengths\.distribution=gamma: must be one of"):
         workload_from_dict({"lengths": {"distribution": "gamma"}})
     with pytest.raises(ConfigError, match=r"lengths\.file='nope.txt': no such file"):
         workload_from_dict({"lengths": {"distribution": "empirical", "file": "nope.txt"}})
@@ -103,3 +102,13 @@ def test_pareto_mean_matches_its_samples() -> None:
     draw = make_sampler(d)
     sample = sum(draw(rng) for _ in range(40_000)) / 40_000
     assert sample == pytest.approx(distribution_mean(d), rel=0.03)
+
+
+def test_reward_latency_is_an_optional_section_and_base_dir_is_not_a_key() -> None:
+    cfg = workload_from_dict({"agent": {"reward_latency": {"distribution": "fixed", "value": 0.5}}})
+    assert cfg.agent.reward_latency is not None and cfg.agent.reward_latency.value == 0.5
+    assert workload_from_dict({"agent": {"reward_latency": None}}).agent.reward_latency is None
+    with pytest.raises(ConfigError, match=r"base_dir='/x': unknown key"):
+        workload_from_dict({"base_dir": "/x"})
+    with pytest.raises(ConfigError, match=r"failures\.rate=1\.0: must be < 1"):
+        workload_from_dict({"failures": {"rate": 1.0}})
