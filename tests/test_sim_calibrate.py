@@ -109,13 +109,18 @@ def test_the_command_prints_fits_and_the_prediction(
 ) -> None:
     out = tmp_path / "w.yaml"
     capsys.readouterr()
-    code = main(["simulate", "--calibrate", str(run), "--out", str(out), "--json"])
+    code = main(
+        ["simulate", "--calibrate", str(run), "--out", str(out), "--json", "--staleness", "0"]
+    )
     assert code == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.strip()]
     assert lines[0]["workload"] == str(out) and out.is_file()
     row = lines[1]
     assert row["policy"] == "buffer" and row["staleness"] == 2
     assert set(row["predicted"]) == set(row["measured"])
+    what_if = lines[2]  # the run's policy at the η asked for
+    assert what_if["policy"] == "buffer" and what_if["staleness"] == 0
+    assert what_if["violations"] == 0
 
 
 def test_a_directory_that_is_not_a_run_is_refused(

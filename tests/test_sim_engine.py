@@ -54,3 +54,38 @@ def test_cancel_returns_the_tokens_decoded_so_far() -> None:
     assert r.cancel(s) == pytest.approx(25)
     assert r.active == 0
     assert r.next_finish(0.25) is None
+
+
+def test_a_full_batch_queues_and_each_join_pays_its_prefill() -> None:
+    # one place in the batch, 0.05 s prefill per joining sequence, 0.01 s per step
+    r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.0, prefill=0.05, max_batch=1)
+    r.advance(0.0)
+    first = r.join("first", 10)
+    second = r.join("second", 10)
+    assert (r.active, r.waiting) == (1, 1) and second.waiting
+    assert r.decoded(second) == 0
+    t1 = r.next_finish(0.0)  # its prefill, then 10 steps
+    assert t1 == pytest.approx(0.05 + 0.10)
+    r.advance(t1)
+    assert [s.owner for s in r.pop_finished()] == ["first"]
+    assert (r.active, r.waiting) == (1, 0) and not second.waiting
+    t2 = r.next_finish(t1)  # the second joins now: its own prefill, then 10 steps
+    assert t2 == pytest.approx(t1 + 0.05 + 0.10)
+    assert r.busy_time == pytest.approx(t1)
+    assert first.finish - first.start == 10
+
+
+def test_a_stall_pauses_decoding_and_a_waiting_sequence_cancels_with_nothing_decoded() -> None:
+    r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.0, max_batch=1)
+    r.advance(0.0)
+    r.join("a", 10)
+    queued = r.join("b", 10)
+    r.stall(0.5)  # installing weights
+    assert r.next_finish(0.0) == pytest.approx(0.6)
+    r.advance(0.3)
+    assert r.tokens == 0  # nothing decoded during the stall
+    assert r.cancel(queued) == 0
+    assert r.waiting == 0
+    r.advance(0.6)
+    assert [s.owner for s in r.pop_finished()] == ["a"]
+    assert r.active == 0 and r.next_finish(0.6) is None  # the cancelled one never joins

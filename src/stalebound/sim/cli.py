@@ -41,7 +41,8 @@ def register(subparsers: Any) -> None:
         "--calibrate",
         default=None,
         metavar="RUN_DIR",
-        help="fit a workload to a `stalebound train` run, write it (--out) and predict the run",
+        help="fit a workload to a `stalebound train` run, write it (--out) and predict the run; "
+        "with --policy / --staleness, also what the run would do under those",
     )
     p.add_argument(
         "--out",
@@ -68,7 +69,7 @@ def register(subparsers: Any) -> None:
         "--staleness",
         type=int,
         nargs="+",
-        default=[4],
+        default=None,
         metavar="N",
         help="staleness bounds η to run (default 4); sync always runs at η = 0",
     )
@@ -103,7 +104,7 @@ def _main(args: argparse.Namespace) -> int:
             preset=args.preset,
             workload=args.workload,
             policies=args.policy or list(POLICIES),
-            etas=args.staleness,
+            etas=args.staleness or [4],
             seed=args.seed,
             steps=args.steps,
             replay=args.replay,
@@ -270,6 +271,15 @@ def _calibrate_main(args: argparse.Namespace) -> int:
         cal = cal_mod.calibrate(run_dir, seed=args.seed)
         written = cal_mod.write_workload(cal, out)
         rows = [_prediction(cal_mod, cal, d, args.seed) for d in [run_dir, *args.compare]]
+        what_if: list[SimResult] = []
+        if args.policy or args.staleness:  # the same workload under other policies / bounds
+            what_if = run_simulations(
+                workload=str(written),
+                policies=args.policy or [cal.run.policy],
+                etas=args.staleness or [cal.run.staleness],
+                seed=args.seed,
+                steps=args.steps,
+            )
     except StaleboundError as exc:
         print(f"stalebound simulate: {exc}", file=sys.stderr)
         return 2
@@ -277,8 +287,13 @@ def _calibrate_main(args: argparse.Namespace) -> int:
         print(json.dumps({"fits": [f.__dict__ for f in cal.fits], "workload": str(written)}))
         for row in rows:
             print(json.dumps(row, sort_keys=True))
+        for r in what_if:
+            print(json.dumps(r.to_json(), sort_keys=True))
         return 0
     _print_calibration(cal, written, rows)
+    if what_if:
+        print("what if (predicted with the calibrated workload):")
+        _table(what_if)
     return 0
 
 
