@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     walk.set_defaults(func=_walkthrough)
     sub.add_parser("train", help="train on the embedded default (stalebound train --help)")
     sub.add_parser("bench", help="the same run at several η side by side (stalebound bench --help)")
+    sub.add_parser(
+        "ablate", help="η × objective × seed grid of final reward (stalebound ablate --help)"
+    )
     audit = sub.add_parser(
         "audit", help="check that every item of a run is accounted for exactly once"
     )
@@ -135,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from stalebound.train import bench
 
         return bench.main(argv[1:])
+    if argv and argv[0] == "ablate":
+        from stalebound.train import ablate
+
+        return ablate.main(argv[1:])
     args = build_parser().parse_args(argv)
     code: int = args.func(args)
     return code
