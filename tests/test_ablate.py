@@ -80,6 +80,7 @@ def _row(objective: str, eta: int, seed: int, reward: float, **extra: Any) -> di
         "staleness": eta,
         "seed": seed,
         "final_reward": reward,
+        "policy_reward": reward + 0.05,
         "greedy_after": reward + 0.1,
         "time_to_target_s": extra.get("ttt"),
         "staleness_mean": eta * 0.9,
@@ -107,6 +108,8 @@ def test_summary_takes_medians_over_seeds_and_the_gap_to_eta_0() -> None:
     assert cells[0]["time_to_target_s"] == 20.0 and cells[0]["reached_target"] == 2
     assert cells[4]["time_to_target_s"] is None and cells[4]["reached_target"] == 0
     assert cells[4]["gap_to_sync"] == pytest.approx(0.35 - 0.50)
+    assert cells[4]["policy_gap_to_sync"] == pytest.approx(0.35 - 0.50)
+    assert cells[4]["policy_reward"]["max"] == pytest.approx(0.50)
     assert cells[4]["ratio_max"] == 5.0 and cells[4]["ratio_min"] == 0.2
     assert cells[4]["staleness_max"] == 4 and cells[4]["seeds"] == [0, 1, 2]
 
@@ -160,6 +163,7 @@ def test_ablate_trains_the_grid_shares_eta_0_and_reuses_finished_rows(
         assert r["violations"] == 0 and r["staleness_max"] == 0
         assert 0 <= r["clip_fraction"] <= 1 and 0 <= r["masked_fraction"] <= 1
     assert [c["gap_to_sync"] for c in report["cells"]] == [0.0, 0.0]
+    assert 0 <= rows[0]["policy_reward"] <= 1
     # the same grid again: the finished row is reused, nothing is trained
     mtime = (out / "rows" / "sync-eta0-seed3.json").stat().st_mtime_ns
     assert main(argv[:-2] + argv[-2:]) == 0

@@ -159,13 +159,22 @@ FULL_GRID = Grid(
 
 ABLATE_SETTINGS = (
     "train.minibatches=4",
-    "run.checkpoint=false",
+    "run.checkpoint_every_steps=0",
+    "run.checkpoint_every_s=0",
+    "run.keep_checkpoints=1",
     "run.tensorboard=false",
     "run.trace=false",
 )
 """What the grid puts on top of the bench workload before the command line: several optimizer
 steps per training step, so the proximal policy differs from the current one and clipping acts;
-no checkpoints, TensorBoard files or traces (a row is rerun, not resumed)."""
+one checkpoint, at the end (the final policy is evaluated from it); no TensorBoard files or
+traces."""
+
+POLICY_EVAL_PROMPTS = 256
+POLICY_EVAL_SAMPLES = 4
+POLICY_EVAL_SEED = 1234
+"""The final policy's reward is measured on the same prompts in every row: 256 of the task's
+prompts (chosen with this seed) × 4 samples at the engine's temperature."""
 
 
 def _row_key(objective: str, eta: int, seed: int) -> str:
@@ -197,6 +206,47 @@ def _step_statistics(metrics_file: Path) -> dict[str, float]:
         "behaviour_weight_mean": _mean(col("behaviour_weight_mean")),
         "kl_behaviour": _mean(col("kl_behaviour")),
     }
+
+
+def final_policy_reward(cfg: StaleboundConfig, run_dir: Path) -> float:
+    """Mean sampled reward of the run's final weights (its last checkpoint) on
+    :data:`POLICY_EVAL_PROMPTS` prompts × :data:`POLICY_EVAL_SAMPLES` samples.
+
+    The training reward of a step is earned by weights up to η versions older than the trainer's,
+    so at the end of a rising curve it lags by up to η steps; this figure scores the same weights
+    (version = steps) in every row, whatever η."""
+    import random
+
+    import torch
+
+    from stalebound.engines.models import load_model, load_tokenizer
+    from stalebound.tasks import make_task
+    from stalebound.train.checkpoint import find_checkpoint
+    from stalebound.train.rollout import rollout_groups
+
+    checkpoint = find_checkpoint(run_dir)
+    if checkpoint is None:
+        raise ConfigError(
+            f"run.checkpoint={cfg.run.checkpoint}: the grid evaluates each run's final weights "
+            "from its last checkpoint; leave run.checkpoint=true"
+        )
+    model = load_model(checkpoint.path)
+    tokenizer = load_tokenizer(checkpoint.path)
+    task = make_task(cfg.task)
+    pool = list(task.samples())
+    prompts = random.Random(POLICY_EVAL_SEED).sample(pool, min(POLICY_EVAL_PROMPTS, len(pool)))
+    torch.manual_seed(POLICY_EVAL_SEED)
+    with torch.no_grad():
+        groups = rollout_groups(
+            model,
+            tokenizer,
+            task,
+            prompts,
+            POLICY_EVAL_SAMPLES,
+            temperature=cfg.engine.temperature,
+        )
+    rewards = [t.reward for g in groups for t in g]
+    return sum(rewards) / len(rewards)
 
 
 def row_config(
@@ -232,6 +282,7 @@ def run_row(
         "objective": objective,
         "staleness": cfg.rollout.max_head_offpolicyness,
         "seed": cfg.seed,
+        "policy_reward": final_policy_reward(cfg, run_dir),
         "final_reward": result.reward_last,
         "first_reward": result.reward_first,
         "greedy_before": result.eval_before,
@@ -297,7 +348,8 @@ def _median_range(values: Sequence[float]) -> dict[str, float]:
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One cell per (objective, η), in the rows' order: medians over seeds with their range, the
-    loss statistics averaged over seeds, and the gap of the median final reward to η = 0's."""
+    loss statistics averaged over seeds, and the gaps of the median final training reward and
+    final policy reward to η = 0's."""
     cells: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     for r in rows:
         cells.setdefault((str(r["objective"]), int(r["staleness"])), []).append(r)
@@ -309,6 +361,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "staleness": eta,
             "seeds": [r["seed"] for r in rs],
             "final_reward": _median_range([float(r["final_reward"]) for r in rs]),
+            "policy_reward": _median_range([float(r["policy_reward"]) for r in rs]),
             "greedy_after": _median_range([float(r["greedy_after"]) for r in rs]),
             "time_to_target_s": statistics.median(reached) if reached else None,
             "reached_target": len(reached),
@@ -320,10 +373,11 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         cell["ratio_max"] = max(float(r["ratio_max"]) for r in rs)
         cell["ratio_min"] = min(float(r["ratio_min"]) for r in rs)
         out.append(cell)
-    sync = {c["objective"]: c["final_reward"]["median"] for c in out if c["staleness"] == 0}
-    for c in out:
-        ref = sync.get(c["objective"])
-        c["gap_to_sync"] = None if ref is None else c["final_reward"]["median"] - ref
+    for key, gap in (("final_reward", "gap_to_sync"), ("policy_reward", "policy_gap_to_sync")):
+        sync = {c["objective"]: c[key]["median"] for c in out if c["staleness"] == 0}
+        for c in out:
+            ref = sync.get(c["objective"])
+            c[gap] = None if ref is None else c[key]["median"] - ref
     return out
 
 
@@ -340,8 +394,10 @@ def summary_table(cells: Sequence[Mapping[str, Any]], target: float) -> Table:
         "objective",
         "η",
         "seeds",
-        "final reward",
+        "final reward (train)",
         "Δ vs η=0",
+        "final policy reward",
+        "Δ vs η=0 ",
         "greedy acc",
         "time to target (s)",
         "staleness mean/max",
@@ -351,7 +407,7 @@ def summary_table(cells: Sequence[Mapping[str, Any]], target: float) -> Table:
     ):
         t.add_column(col, justify="left" if col == "objective" else "right")
     for c in sorted(cells, key=lambda c: (str(c["objective"]), int(c["staleness"]))):
-        fr, ga = c["final_reward"], c["greedy_after"]
+        fr, pr, ga = c["final_reward"], c["policy_reward"], c["greedy_after"]
         n = len(c["seeds"])
         ttt = c["time_to_target_s"]
         t.add_row(
@@ -360,54 +416,53 @@ def summary_table(cells: Sequence[Mapping[str, Any]], target: float) -> Table:
             str(n),
             f"{fr['median']:.3f} [{fr['min']:.3f}–{fr['max']:.3f}]",
             _fmt(c["gap_to_sync"], "+.3f"),
+            f"{pr['median']:.3f} [{pr['min']:.3f}–{pr['max']:.3f}]",
+            _fmt(c["policy_gap_to_sync"], "+.3f"),
             f"{ga['median']:.2f} [{ga['min']:.2f}–{ga['max']:.2f}]",
             "not reached" if ttt is None else f"{ttt:.1f} ({c['reached_target']}/{n})",
             f"{c['staleness_mean']:.2f} / {c['staleness_max']}",
             _fmt(c["clip_fraction"], ".3f"),
-            f"{_fmt(c['ratio_mean'], '.3f')} [{_fmt(c['ratio_min'], '.2f')}, "
-            f"{_fmt(c['ratio_max'], '.2f')}]",
+            f"{_fmt(c['ratio_mean'], '.3f')} [{_fmt(c['ratio_min'], '.2g')}, "
+            f"{_fmt(c['ratio_max'], '.3g')}]",
             _fmt(c["masked_fraction"], ".3f"),
         )
     return t
 
 
-def plot_grid(cells: Sequence[Mapping[str, Any]], path: Path, *, title: str = "") -> Path:
-    """Final reward against η, one line per objective: the median over seeds, a bar from the
-    lowest to the highest seed."""
+def plot_grid(cells: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Final reward against η, one line per objective (the median over seeds, a bar from the
+    lowest to the highest seed): the training reward of the last 5 steps on the left, the final
+    weights' sampled reward on the right."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 4.2), layout="constrained")
-    ax = fig.add_subplot()
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    panels = (
+        ("final_reward", "training reward, last 5 steps"),
+        ("policy_reward", "final weights' sampled reward"),
+    )
     names = list(dict.fromkeys(str(c["objective"]) for c in cells))
     etas = sorted({int(c["staleness"]) for c in cells})
-    pos = {eta: i for i, eta in enumerate(etas)}  # η is spaced evenly: 0 1 2 4 8
-    for i, name in enumerate(names):
-        mine = sorted((c for c in cells if c["objective"] == name), key=lambda c: c["staleness"])
-        xs = [pos[int(c["staleness"])] + (i - (len(names) - 1) / 2) * 0.04 for c in mine]
-        med = [c["final_reward"]["median"] for c in mine]
-        lo = [c["final_reward"]["min"] for c in mine]
-        hi = [c["final_reward"]["max"] for c in mine]
-        (line,) = ax.plot(xs, med, marker="o", label=name)
-        ax.errorbar(
-            xs,
-            med,
-            yerr=[
-                [m - a for m, a in zip(med, lo, strict=True)],
-                [b - m for m, b in zip(med, hi, strict=True)],
-            ],
-            fmt="none",
-            ecolor=line.get_color(),
-            capsize=3,
-        )
-    ax.set_xticks(range(len(etas)), [str(e) for e in etas])
-    ax.set_xlabel("staleness bound η")
-    ax.set_ylabel("final training reward (last 5 steps)")
-    ax.set_title(title or "final reward against η: median over seeds, bars from min to max")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    pos = {eta: i for i, eta in enumerate(etas)}  # η evenly spaced: 0 1 2 4 8
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for i, name in enumerate(names):
+            mine = sorted(
+                (c for c in cells if c["objective"] == name), key=lambda c: int(c["staleness"])
+            )
+            xs = [pos[int(c["staleness"])] + (i - (len(names) - 1) / 2) * 0.05 for c in mine]
+            med = [c[key]["median"] for c in mine]
+            lo = [m - c[key]["min"] for m, c in zip(med, mine, strict=True)]
+            hi = [c[key]["max"] - m for m, c in zip(med, mine, strict=True)]
+            ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=name)
+        ax.set_xticks(range(len(etas)), [str(e) for e in etas])
+        ax.set_xlabel("staleness bound η")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("reward (median over seeds, bar: min–max)")
+    axes[1].legend(fontsize="small")
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     return path
 
 
