@@ -137,7 +137,7 @@ DEFAULT_GRID = Grid(
     seeds=(0, 1, 2),
     steps=30,
 )
-"""What ``stalebound ablate`` trains without flags (15 runs, about 20 minutes on 2 shared cores)."""
+"""What ``stalebound ablate`` trains without flags (15 runs, about 15 minutes on 2 shared cores)."""
 
 FULL_GRID = Grid(
     staleness=(0, 1, 2, 4, 8),
@@ -336,7 +336,8 @@ def run_grid(
                 if progress is not None:
                     progress.print(
                         f"[{len(rows)}/{total} {time.monotonic() - t0:.0f}s] {key}: final reward "
-                        f"{row['final_reward']:.3f}, greedy {row['greedy_after']:.2f}, "
+                        f"{row['final_reward']:.3f}, final policy {row['policy_reward']:.3f}, "
+                        f"greedy {row['greedy_after']:.2f}, "
                         f"clip {row['clip_fraction']:.3f}, masked {row['masked_fraction']:.3f}"
                     )
     return rows
@@ -387,46 +388,68 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def summary_table(cells: Sequence[Mapping[str, Any]], target: float) -> Table:
-    """The grid as a table: one row per (objective, η)."""
-    t = Table(title=f"stalebound ablate: medians over seeds [min–max]; target reward {target}")
-    for col in (
-        "objective",
-        "η",
-        "seeds",
-        "final reward (train)",
-        "Δ vs η=0",
-        "final policy reward",
-        "Δ vs η=0 ",
-        "greedy acc",
-        "time to target (s)",
-        "staleness mean/max",
-        "clip frac",
-        "ratio mean [min, max]",
-        "masked frac",
-    ):
-        t.add_column(col, justify="left" if col == "objective" else "right")
+COLUMNS = (
+    "objective",
+    "η",
+    "seeds",
+    "final reward (train)",
+    "Δ vs η=0",
+    "final policy reward",
+    "Δ vs η=0",
+    "greedy acc",
+    "time to target (s)",
+    "staleness mean/max",
+    "clip frac",
+    "ratio mean [min, max]",
+    "masked frac",
+)
+"""The summary's columns: figures are medians over seeds [min–max]; the loss statistics are
+means over steps and seeds, the ratio π_θ/π_behav's extremes over all of them."""
+
+
+def table_rows(cells: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """The summary as text cells under :data:`COLUMNS`, by objective, then η."""
+    out = []
     for c in sorted(cells, key=lambda c: (str(c["objective"]), int(c["staleness"]))):
         fr, pr, ga = c["final_reward"], c["policy_reward"], c["greedy_after"]
         n = len(c["seeds"])
         ttt = c["time_to_target_s"]
-        t.add_row(
-            str(c["objective"]),
-            str(c["staleness"]),
-            str(n),
-            f"{fr['median']:.3f} [{fr['min']:.3f}–{fr['max']:.3f}]",
-            _fmt(c["gap_to_sync"], "+.3f"),
-            f"{pr['median']:.3f} [{pr['min']:.3f}–{pr['max']:.3f}]",
-            _fmt(c["policy_gap_to_sync"], "+.3f"),
-            f"{ga['median']:.2f} [{ga['min']:.2f}–{ga['max']:.2f}]",
-            "not reached" if ttt is None else f"{ttt:.1f} ({c['reached_target']}/{n})",
-            f"{c['staleness_mean']:.2f} / {c['staleness_max']}",
-            _fmt(c["clip_fraction"], ".3f"),
-            f"{_fmt(c['ratio_mean'], '.3f')} [{_fmt(c['ratio_min'], '.2g')}, "
-            f"{_fmt(c['ratio_max'], '.3g')}]",
-            _fmt(c["masked_fraction"], ".3f"),
+        out.append(
+            [
+                str(c["objective"]),
+                str(c["staleness"]),
+                str(n),
+                f"{fr['median']:.3f} [{fr['min']:.3f}–{fr['max']:.3f}]",
+                _fmt(c["gap_to_sync"], "+.3f"),
+                f"{pr['median']:.3f} [{pr['min']:.3f}–{pr['max']:.3f}]",
+                _fmt(c["policy_gap_to_sync"], "+.3f"),
+                f"{ga['median']:.2f} [{ga['min']:.2f}–{ga['max']:.2f}]",
+                "not reached" if ttt is None else f"{ttt:.1f} ({c['reached_target']}/{n})",
+                f"{c['staleness_mean']:.2f} / {c['staleness_max']}",
+                _fmt(c["clip_fraction"], ".3f"),
+                f"{_fmt(c['ratio_mean'], '.3f')} [{_fmt(c['ratio_min'], '.2g')}, "
+                f"{_fmt(c['ratio_max'], '.3g')}]",
+                _fmt(c["masked_fraction"], ".3f"),
+            ]
         )
+    return out
+
+
+def summary_table(cells: Sequence[Mapping[str, Any]], target: float) -> Table:
+    """The grid as a terminal table: one row per (objective, η)."""
+    t = Table(title=f"stalebound ablate: medians over seeds [min–max]; target reward {target}")
+    for col in COLUMNS:
+        t.add_column(col, justify="left" if col == "objective" else "right")
+    for row in table_rows(cells):
+        t.add_row(*row)
     return t
+
+
+def markdown_table(cells: Sequence[Mapping[str, Any]]) -> str:
+    """The grid as a Markdown table (what ``--markdown`` prints, for the docs)."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|:--|" + "--:|" * (len(COLUMNS) - 1)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(cells)]
+    return "\n".join(lines)
 
 
 def plot_grid(cells: Sequence[Mapping[str, Any]], path: Path) -> Path:
@@ -468,15 +491,17 @@ def plot_grid(cells: Sequence[Mapping[str, Any]], path: Path) -> Path:
 
 HELP = """usage: stalebound ablate [CONFIG.yaml ...] [key=value ...] [--full]
        [--staleness 0 4 8] [--objective ppo recompute ...] [--seeds 0 1 2] [--steps N]
-       [--tis-cap 2] [--json]
+       [--tis-cap 2] [--json | --markdown]
 
 Trains every (η, objective, seed) of a grid on the bench workload (the train recipe, then
-configs/bench.yaml, then train.minibatches=4, then the command line) and prints, per objective
-and η, the final training reward (median over seeds [min–max]) and its gap to η = 0, greedy
-accuracy, time to run.target_reward, staleness, clip fraction, the ratio π_θ/π_behav and the
-masked fraction. Writes OUT/ablate.json, OUT/ablate.png (final reward against η) and a JSON file
-and run directory per row (OUT = run.run_dir, default runs/ablate-DATE-TIME). Rows already
-finished in OUT with the same settings are reused.
+configs/bench.yaml, then train.minibatches=4 and one checkpoint at the end, then the command
+line) and prints, per objective and η, medians over seeds [min–max] with their gap to η = 0 of
+the final training reward (last 5 steps) and of the final weights' sampled reward (256 prompts ×
+4 samples), greedy accuracy, time to run.target_reward, staleness, clip fraction, the ratio
+π_θ/π_behav and the masked fraction (--markdown: as a Markdown table). Writes OUT/ablate.json,
+OUT/ablate.png (both rewards against η) and a JSON file and run directory per row (OUT =
+run.run_dir, default runs/ablate-DATE-TIME). Rows already finished in OUT with the same
+settings are reused, so a larger grid into the same OUT trains only what it adds.
 
 Objectives: BASE[+tis][+token|+seq], BASE one of ppo (PPO against the behaviour policy),
 recompute (decoupled PPO, proximal policy recomputed), loglinear (decoupled PPO, proximal policy
@@ -484,7 +509,7 @@ interpolated); +tis caps the behaviour weight at --tis-cap; +token/+seq reject t
 by importance ratio.
 
 Default grid: η 0 4 8 × ppo recompute × seeds 0 1 2, 30 steps (15 runs: η = 0 is trained once
-per seed, every objective there is the same loss; about 20 minutes on 2 shared cores).
+per seed, every objective there is the same loss; about 15 minutes on 2 shared cores).
 --full: η 0 1 2 4 8 × 9 objectives × seeds 0 1 2, 80 steps (hours)."""
 
 
@@ -527,7 +552,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Grid, float, bool, list[str]]:
     args = list(argv)
     as_json = "--json" in args
     full = "--full" in args
-    args = [a for a in args if a not in ("--json", "--full")]
+    args = [a for a in args if a not in ("--json", "--full", "--markdown")]
     grid = FULL_GRID if full else DEFAULT_GRID
     staleness, args = _take_list(args, "--staleness", _nonneg_int)
     objectives, args = _take_list(args, "--objective", str)
@@ -590,6 +615,8 @@ def main(argv: Sequence[str]) -> int:
     plot_grid(cells, out / "ablate.png")
     if as_json:
         print(json.dumps(report))
+    elif "--markdown" in argv:
+        print(markdown_table(cells))
     else:
         console.print(summary_table(cells, cfg.run.target_reward))
         console.print(
