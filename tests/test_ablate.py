@@ -11,6 +11,7 @@ import pytest
 from stalebound.cli import main
 from stalebound.config import load_config
 from stalebound.core.errors import ConfigError
+from stalebound.train import ablate
 from stalebound.train.ablate import DEFAULT_GRID, Objective, parse_args, plot_grid, summarize
 
 
@@ -123,8 +124,9 @@ def test_plot_draws_one_line_per_objective(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_ablate_trains_the_grid_shares_eta_0_and_reuses_finished_rows(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(ablate, "POLICY_EVAL_PROMPTS", 16)  # a smaller evaluation, same code
     out = tmp_path / "grid"
     argv = [
         "ablate",
