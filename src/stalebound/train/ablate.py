@@ -133,11 +133,12 @@ class Grid:
 
 DEFAULT_GRID = Grid(
     staleness=(0, 4, 8),
-    objectives=("ppo", "recompute"),
+    objectives=("ppo", "recompute+tis"),
     seeds=(0, 1, 2),
     steps=30,
 )
-"""What ``stalebound ablate`` trains without flags (15 runs, about 15 minutes on 2 shared cores)."""
+"""What ``stalebound ablate`` trains without flags: plain PPO beside the objective that kept the
+reward best in the fuller grid (see docs/training.md); 15 runs, 14–23 minutes on 2 shared cores."""
 
 FULL_GRID = Grid(
     staleness=(0, 1, 2, 4, 8),
@@ -508,8 +509,8 @@ recompute (decoupled PPO, proximal policy recomputed), loglinear (decoupled PPO,
 interpolated); +tis caps the behaviour weight at --tis-cap; +token/+seq reject tokens or sequences
 by importance ratio.
 
-Default grid: η 0 4 8 × ppo recompute × seeds 0 1 2, 30 steps (15 runs: η = 0 is trained once
-per seed, every objective there is the same loss; about 15 minutes on 2 shared cores).
+Default grid: η 0 4 8 × ppo recompute+tis × seeds 0 1 2, 30 steps (15 runs: η = 0 is trained once
+per seed, every objective there is the same loss; 14 to 23 minutes on 2 shared cores).
 --full: η 0 1 2 4 8 × 9 objectives × seeds 0 1 2, 80 steps (hours)."""
 
 
