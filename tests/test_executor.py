@@ -257,8 +257,10 @@ def test_capacity_policy_should_accept_fn_rejects() -> None:
         def accept(trajectories: list[Any]) -> bool:
             return str(trajectories[0]["data"]).startswith("keep")
 
+        ex.pause()  # all four queued before the first admission: the order below is fixed
         for name in ["keep-1", "drop-1", "keep-2", "drop-2"]:
             ex.submit(name, Generate(), should_accept_fn=accept)
+        ex.resume()
         batch = ex.wait(2, timeout=20)
         assert sorted(t.data["data"] for t in batch) == ["keep-1", "keep-2"]
         stats = ex.statistics()
