@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from stalebound.core.errors import ConfigError, InvariantError, ProtocolError
+from stalebound.core.checks import check_version, is_int
+from stalebound.core.errors import ConfigError, InvariantError, ProtocolError, StaleboundError
+from stalebound.core.transitions import ENTRY_TRANSITIONS, EntryOp, EntryState, move
 
 __all__ = [
     "BufferState",
@@ -50,14 +52,6 @@ class BufferState(enum.Enum):
     """occ ≥ B and emp > 0 (only when B′ > B): consumable, still accepts Reserve."""
     READY = "ready"
     """occ ≥ B and emp = 0: consumable."""
-
-
-class EntryState(enum.Enum):
-    """The state of one buffer entry (an entry holds one group)."""
-
-    EMPTY = "empty"
-    RESERVED = "reserved"
-    OCCUPIED = "occupied"
 
 
 class Reservation(NamedTuple):
@@ -166,21 +160,26 @@ class _WindowStates(Mapping[int, BufferState]):
         return f"<buffers {self._v}…{self._top}: {self._held} held, the rest PENDING>"
 
 
-class _Group:
-    """One group in flight. ``buffer`` is where its entry is; ``seq`` is its occupy order."""
+class _Entry:
+    """The entry of one group in flight. ``buffer`` is where it is; ``seq`` is its occupy order.
+    ``state`` changes only through :meth:`StalenessBuffer._move` (the transition table)."""
 
-    __slots__ = ("buffer", "group_id", "occupied", "payload", "seq", "version")
+    __slots__ = ("buffer", "group_id", "payload", "seq", "state", "version")
 
     def __init__(self, group_id: Hashable, version: int, buffer: int) -> None:
         self.group_id = group_id
         self.version = version
         self.buffer = buffer
-        self.occupied = False
+        self.state = EntryState.EMPTY
         self.seq = -1
         self.payload: Any = None
 
+    @property
+    def occupied(self) -> bool:
+        return self.state is EntryState.OCCUPIED
 
-def _by_seq(g: _Group) -> int:
+
+def _by_seq(g: _Entry) -> int:
     return g.seq
 
 
@@ -190,12 +189,8 @@ class _Buffer:
     __slots__ = ("occupied", "reserved")
 
     def __init__(self) -> None:
-        self.reserved: dict[Hashable, _Group] = {}
-        self.occupied: list[_Group] = []
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+        self.reserved: dict[Hashable, _Entry] = {}
+        self.occupied: list[_Entry] = []
 
 
 class StalenessBuffer:
@@ -230,7 +225,8 @@ class StalenessBuffer:
         self.group_redundancy: int = group_size if group_redundancy is None else group_redundancy
         self._v = start_version
         self._buffers: dict[int, _Buffer] = {}
-        self._groups: dict[Hashable, _Group] = {}
+        self._groups: dict[Hashable, _Entry] = {}
+        self._reserved = 0  # entries RESERVED now, kept by _move
         self._next_seq = 0
         self._occupied_total = 0
         self._consumed_groups = 0
@@ -259,6 +255,11 @@ class StalenessBuffer:
         except TypeError:
             return False
 
+    @property
+    def reserved_count(self) -> int:
+        """Groups RESERVED now (generating), over the whole window."""
+        return self._reserved
+
     def lookup(self, group_id: Hashable) -> tuple[EntryState, int, int] | None:
         """``(state, buffer_version, group_version)`` of a group in flight, or ``None``."""
         try:
@@ -267,7 +268,7 @@ class StalenessBuffer:
             return None
         if g is None:
             return None
-        return (EntryState.OCCUPIED if g.occupied else EntryState.RESERVED, g.buffer, g.version)
+        return (g.state, g.buffer, g.version)
 
     def state(self, buffer_version: int) -> BufferState:
         """The state of buffer ``buffer_version`` (one of ``v … v + η``)."""
@@ -313,7 +314,7 @@ class StalenessBuffer:
     def capacity(self, version: int | None = None) -> int:
         """EMPTY entries in buffers ``v … V + η``: how many ``try_reserve(_, V)`` would succeed now."""
         v = self._v
-        V = v if version is None else self._check_version("capacity", version)
+        V = v if version is None else self._admissible_version("capacity", version)
         top = V + self.staleness
         if top < v:
             return 0
@@ -334,7 +335,7 @@ class StalenessBuffer:
         when there is no room (back-pressure), including when ``V + η < v``.
         """
         v = self._v
-        V = v if version is None else self._check_version("try_reserve", version)
+        V = v if version is None else self._admissible_version("try_reserve", version)
         groups = self._groups
         try:
             existing = groups.get(group_id)
@@ -361,7 +362,8 @@ class StalenessBuffer:
                 self._refused += 1
                 return None
             b, buf = found
-        g = _Group(group_id, V, b)
+        g = _Entry(group_id, V, b)
+        self._move(g, EntryOp.RESERVE)
         buf.reserved[group_id] = g
         groups[group_id] = g
         return Reservation(group_id, V, b)
@@ -404,7 +406,7 @@ class StalenessBuffer:
                 "segment_versions must be an iterable of ints, e.g. () or [3, 4]"
             ) from None
         for sv in segment_versions:
-            if not _is_int(sv) or sv < g.version or sv > v:
+            if not is_int(sv) or sv < g.version or sv > v:
                 raise ProtocolError(
                     f"occupy(group_id={group_id!r}): segment version {sv!r} is outside "
                     f"[{g.version}, {v}] (the group's version {g.version} to the current version "
@@ -429,7 +431,7 @@ class StalenessBuffer:
         self._next_seq = seq + 1
         g.seq = seq
         g.payload = payload
-        g.occupied = True
+        self._move(g, EntryOp.OCCUPY)
         g.buffer = b
         buffers[b].occupied.append(g)  # the newest seq: the list stays in occupy order
         self._occupied_total += 1
@@ -448,6 +450,7 @@ class StalenessBuffer:
             buf.occupied.remove(g)
         else:
             del buf.reserved[group_id]
+        self._move(g, EntryOp.ABORT)
         del self._groups[group_id]
         self._aborted[cause] += 1
 
@@ -473,11 +476,13 @@ class StalenessBuffer:
         surplus = tuple(buf.reserved)
         groups = self._groups
         hist = self._histogram
+        move_entry = self._move
         for g in taken:
+            move_entry(g, EntryOp.CONSUME)
             del groups[g.group_id]
             hist[v - g.version] += 1
         for gid in surplus:
-            del groups[gid]
+            move_entry(groups.pop(gid), EntryOp.SURPLUS)
         del self._buffers[v]
         self._v = v + 1
         self._consumed_groups += len(taken)
@@ -486,6 +491,7 @@ class StalenessBuffer:
             self._aborted["surplus"] += len(surplus)
         dropped = [g for g in extra if not self._replace(g)]
         for g in dropped:
+            move_entry(g, EntryOp.DROP)
             del groups[g.group_id]
         self._dropped += len(dropped)
         return ConsumedBatch(
@@ -515,6 +521,7 @@ class StalenessBuffer:
             src = self._buffers.get(bv)
             while src and src.occupied and self._accepts(dst):
                 g = src.occupied.pop(0)
+                self._move(g, EntryOp.PULL_FORWARD)
                 g.buffer = target
                 insort(dst.occupied, g, key=_by_seq)
                 moved.append(g.group_id)
@@ -531,8 +538,8 @@ class StalenessBuffer:
             batch_size=self.batch_size,
             buffer_size=self.buffer_size,
             staleness_bound=self.staleness,
-            reserved=sum(len(b.reserved) for b in self._buffers.values()),
-            occupied=sum(len(b.occupied) for b in self._buffers.values()),
+            reserved=self._reserved,
+            occupied=len(self._groups) - self._reserved,
             capacity=self.capacity(),
             reserved_total=self._reserved_total(),
             occupied_total=self._occupied_total,
@@ -650,10 +657,12 @@ class StalenessBuffer:
                 f"restore(): group {gid!r} (version {version}) cannot sit in buffer {bv} at "
                 f"version {v} with staleness {eta}, or appears twice; the snapshot is damaged"
             )
-        g = _Group(gid, version, bv)
+        g = _Entry(gid, version, bv)
         buf = self._buffers.setdefault(bv, _Buffer())
+        self._move(g, EntryOp.RESERVE)
         if "seq" in item:
-            g.occupied, g.seq, g.payload = True, int(item["seq"]), item.get("payload")
+            g.seq, g.payload = int(item["seq"]), item.get("payload")
+            self._move(g, EntryOp.OCCUPY)
             insort(buf.occupied, g, key=_by_seq)
         else:
             buf.reserved[gid] = g
@@ -683,10 +692,24 @@ class StalenessBuffer:
                 if bv > g.version + eta:
                     raise InvariantError(f"group {g.group_id!r} (version {g.version}) in {bv}")
             seen += len(buf.reserved) + len(buf.occupied)
+        reserved = sum(len(buf.reserved) for buf in self._buffers.values())
+        if reserved != self._reserved:
+            raise InvariantError(f"{reserved} entries RESERVED, {self._reserved} counted")
         if seen != len(self._groups):
             raise InvariantError(f"{seen} entries filed, {len(self._groups)} groups in flight")
 
     # --------------------------------------------------------------- helpers
+
+    def _move(self, g: _Entry, op: EntryOp, error: type[StaleboundError] = InvariantError) -> None:
+        """The one place an entry's state changes: looked up in the transition table."""
+        old = g.state
+        new = move(ENTRY_TRANSITIONS, old, op, g.group_id, error=error)
+        if old is not new:
+            if old is EntryState.RESERVED:
+                self._reserved -= 1
+            elif new is EntryState.RESERVED:
+                self._reserved += 1
+        g.state = new
 
     def _reserved_total(self) -> int:
         """Every group ever reserved ends exactly once, so the count is derived, not kept."""
@@ -723,11 +746,12 @@ class StalenessBuffer:
                     fallback = bv
         return fallback
 
-    def _replace(self, g: _Group) -> bool:
+    def _replace(self, g: _Entry) -> bool:
         """Re-place an extra occupied group after consume; False when it must be dropped."""
         b = self._find_place(g.version + self.staleness)
         if b is None:
             return False
+        self._move(g, EntryOp.REPLACE)
         g.buffer = b
         insort(self._buffers[b].occupied, g, key=_by_seq)
         self._replaced += 1
@@ -735,19 +759,15 @@ class StalenessBuffer:
 
     def _check_window(self, op: str, buffer_version: int) -> None:
         v, top = self._v, self._v + self.staleness
-        if not _is_int(buffer_version) or not v <= buffer_version <= top:
+        if not is_int(buffer_version) or not v <= buffer_version <= top:
             raise ProtocolError(
                 f"{op}({buffer_version!r}): buffer versions in the window are {v} … {top} "
                 f"(version {v}, staleness {self.staleness}); earlier buffers were consumed and "
                 "later ones do not exist yet"
             )
 
-    def _check_version(self, op: str, version: int) -> int:
-        if not _is_int(version) or version < 0:
-            raise ProtocolError(
-                f"{op}(version={version!r}): the version must be an int ≥ 0 (versions count "
-                "training steps from 0)"
-            )
+    def _admissible_version(self, op: str, version: int) -> int:
+        check_version(op, version)
         if version > self._v:
             raise ProtocolError(
                 f"{op}(version={version}): version {version} is from the future (the current "
@@ -755,7 +775,7 @@ class StalenessBuffer:
             )
         return version
 
-    def _known_group(self, op: str, group_id: Hashable) -> _Group:
+    def _known_group(self, op: str, group_id: Hashable) -> _Entry:
         try:
             g = self._groups.get(group_id)
         except TypeError:
@@ -767,7 +787,7 @@ class StalenessBuffer:
             )
         return g
 
-    def _reserved_group(self, op: str, group_id: Hashable) -> _Group:
+    def _reserved_group(self, op: str, group_id: Hashable) -> _Entry:
         g = self._known_group(op, group_id)
         if g.occupied:
             raise ProtocolError(
@@ -776,7 +796,7 @@ class StalenessBuffer:
             )
         return g
 
-    def _describe(self, g: _Group) -> str:
+    def _describe(self, g: _Entry) -> str:
         state = "OCCUPIED" if g.occupied else "RESERVED"
         return f"{state} in buffer {g.buffer}, version {g.version}"
 
@@ -792,7 +812,7 @@ def _validate(
     problems: list[str] = []
 
     def need_int(name: str, value: object, low: int, fix: str) -> bool:
-        if not _is_int(value) or value < low:  # type: ignore[operator]
+        if not is_int(value) or value < low:  # type: ignore[operator]
             problems.append(f"{name}={value!r}: must be an integer ≥ {low}; {fix}")
             return False
         return True
