@@ -84,7 +84,7 @@ from stalebound.core.filters import (
     proactive_filter_targets,
 )
 from stalebound.core.groups import GroupComplete, GroupTracker, MemberId, Relaunch
-from stalebound.core.policy import BufferPolicy, StalenessPolicy
+from stalebound.core.policy import BufferPolicy, PolicyStatistics, StalenessPolicy
 from stalebound.core.settings import CoordinatorSettings
 from stalebound.core.transitions import GROUP_TRANSITIONS, GroupOp, GroupState, move
 
@@ -340,6 +340,11 @@ class Coordinator:
         """Groups :class:`Dispatch` at ``version`` would admit now, the queue aside (may be ≤ 0)."""
         with self._guard:
             return self.policy.capacity(version)
+
+    def policy_statistics(self) -> PolicyStatistics:
+        """The policy's statistics (read under the guard)."""
+        with self._guard:
+            return self.policy.statistics()
 
     def stuck_seconds(self, now: float) -> dict[int, float]:
         """Time the head buffer spent STUCK, per buffer version, the open interval included."""
