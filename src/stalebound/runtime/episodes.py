@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import logging
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from stalebound.core import ConfigError, MemberId
 
+logger = logging.getLogger("stalebound.runtime.executor")  # the executor's log, as before
+
 __all__ = [
     "EpisodeDeadlines",
+    "Episodes",
     "GroupTasks",
     "ItemSource",
     "MemberEngine",
@@ -286,3 +291,164 @@ class ItemSource:
         for _ in range(count):
             next(self._items)
         self.drawn += count
+
+
+Ended = Callable[[MemberTask, Any, BaseException | str | None], None]
+"""Told when an episode ends by itself: ``(member, result, failure)``; ``failure`` is the
+exception, or a cause (``timeout``, ``cancelled``), or ``None`` with the result."""
+
+
+class Episodes:
+    """The running episodes of the admitted groups, as asyncio tasks.
+
+    Carries out the coordinator's member actions — start (:meth:`launch`), stop on purpose
+    (:meth:`stop`: abort the engine requests, then cancel), cut short (:meth:`truncate`) — and
+    reports each episode that ends by itself to ``ended`` (already detached from its group).
+    Requests aborted on the engine and the tokens they wasted are counted here, by cause.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        engine: Any,
+        ended: Ended,
+        progressed: Callable[[MemberId], None],
+        timeout: float | None,
+    ) -> None:
+        self.loop = loop
+        self.engine = engine
+        abort = getattr(engine, "abort", None)
+        self.abort: Callable[[Any], Any] | None = abort if callable(abort) else None
+        self.ended = ended
+        self.progressed = progressed
+        self.deadlines = EpisodeDeadlines(loop, timeout, self._expire) if timeout else None
+        self.groups: dict[Hashable, GroupTasks] = {}
+        self.aborted_requests: Counter[str] = Counter()
+        self.aborted_tokens: Counter[str] = Counter()
+        self._background: set[asyncio.Task[Any]] = set()  # engine aborts in progress
+
+    def start_group(self, gid: int, data: Any, workflow: WorkflowProtocol) -> None:
+        deadlines = self.deadlines
+        key = deadlines.key() if deadlines is not None else 0
+        group = self.groups[gid] = GroupTasks(gid, data, workflow, key)
+        if deadlines is not None:
+            deadlines.watch(group, key)
+
+    def launch(self, mid: MemberId, relaunch: bool) -> None:
+        group = self.groups[mid.group_id]
+        key = group.start_key
+        if relaunch and self.deadlines is not None:
+            key = self.deadlines.key()
+            self.deadlines.watch(group, key)
+        m = group.members[mid.number] = MemberTask(group, mid, key)
+        engine = self.engine
+        if self.abort is not None:  # only then are request ids of any use
+            engine = m.engine = MemberEngine(engine, m, self.progressed, self._count_abort)
+        try:
+            m.episode = group.workflow.arun_episode(engine, group.data)
+        except Exception as e:  # raised before its first await: fail it on the next turn
+            self.loop.call_soon(self._early_failure, m, e)
+            return
+        m.task = self.loop.create_task(self._run(m))
+
+    def stop(self, mid: MemberId, cause: str) -> None:
+        """Stop a member on purpose: abort its engine requests (their partial outputs are counted
+        as wasted), then cancel its task; at shutdown cancel the task at once."""
+        group = self.groups.get(mid.group_id)
+        m = group.members.pop(mid.number, None) if group is not None else None
+        if m is None:
+            return
+        m.cause = cause
+        if not m.started and inspect.iscoroutine(m.episode):
+            m.episode.close()  # never awaited: close it, or Python warns
+        if m.task is not None and (
+            cause == "shutdown" or not self._abort_requests(m, cause, cancel=True)
+        ):
+            m.task.cancel()
+        self.forget_if_idle(m.group)
+
+    def truncate(self, mid: MemberId, cause: str) -> None:
+        group = self.groups.get(mid.group_id)
+        m = group.members.get(mid.number) if group is not None else None
+        if m is not None:
+            m.truncated = True
+            self._abort_requests(m, cause, cancel=False)
+
+    def forget_if_idle(self, group: GroupTasks) -> None:
+        """Drop a group that has no episode running any more."""
+        if not group.members and self.groups.get(group.gid) is group:
+            del self.groups[group.gid]
+            if self.deadlines is not None:
+                self.deadlines.forget(group)
+
+    def requests_in_flight(self, gid: int) -> list[Any]:
+        group = self.groups.get(gid)
+        members = group.members.values() if group is not None else ()
+        return [rid for m in members if m.engine for rid in m.engine.inflight]
+
+    def tasks(self) -> list[asyncio.Task[Any]]:
+        return [m.task for g in self.groups.values() for m in g.members.values() if m.task]
+
+    async def _run(self, m: MemberTask) -> None:
+        """One episode. Members stopped on purpose are accounted for when they are stopped
+        (``m.cause`` set), so nothing here depends on the task having started."""
+        m.started = True
+        try:
+            result = await m.episode
+        except asyncio.CancelledError:
+            if m.cause is None:  # cancelled by someone else (the engine, say)
+                self._ended(m, None, "cancelled")
+            raise
+        except Exception as e:
+            if m.cause is None:
+                self._ended(m, None, e)
+        else:
+            if m.cause is None:
+                self._ended(m, result, None)
+
+    def _ended(self, m: MemberTask, result: Any, failure: BaseException | str | None) -> None:
+        del m.group.members[m.mid.number]
+        self.ended(m, result, failure)
+        self.forget_if_idle(m.group)
+
+    def _early_failure(self, m: MemberTask, exc: Exception) -> None:
+        if m.cause is None:  # not stopped with its group meanwhile
+            self._ended(m, None, exc)
+
+    def _expire(self, m: MemberTask) -> None:
+        m.cause = "timeout"
+        if m.task is not None and not self._abort_requests(m, "timeout", cancel=True):
+            m.task.cancel()
+        self._ended(m, None, "timeout")
+
+    def _count_abort(self, cause: str) -> None:
+        self.aborted_requests[cause] += 1
+
+    def _abort_requests(self, m: MemberTask, cause: str, *, cancel: bool) -> bool:
+        """Abort ``m``'s engine requests in flight in the background (then cancel its task when
+        ``cancel``); False when there is nothing to abort on the engine."""
+        abort = self.abort
+        rids = list(m.engine.inflight) if m.engine is not None else []
+        if abort is None or not rids:
+            return False
+        task = self.loop.create_task(self._abort_then(m, abort, rids, cause, cancel))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return True
+
+    async def _abort_then(
+        self, m: MemberTask, abort: Callable[[Any], Any], rids: list[Any], cause: str, cancel: bool
+    ) -> None:
+        try:
+            for rid in rids:
+                try:
+                    partial = await call_abort(abort, rid)
+                except Exception as e:  # the engine may have finished it meanwhile
+                    logger.warning("engine.abort(%r) for %s (%s) failed: %r", rid, m.mid, cause, e)
+                    continue
+                self.aborted_requests[cause] += 1
+                if cancel:  # truncated output is kept by the workflow, not wasted
+                    self.aborted_tokens[cause] += output_tokens(partial)
+        finally:
+            if cancel and m.task is not None:
+                m.task.cancel()

@@ -30,8 +30,6 @@ engines without ``abort``, requests without ids and shutdown fall back to cancel
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import inspect
 import logging
 import threading
 from collections import Counter, deque
@@ -44,7 +42,6 @@ from stalebound.config import RolloutConfig
 from stalebound.core import (
     ConfigError,
     Coordinator,
-    CoordinatorCounts,
     CoordinatorSettings,
     MemberId,
     ProtocolError,
@@ -55,19 +52,17 @@ from stalebound.core import (
 from stalebound.core import events as ev
 from stalebound.core.coordinator import OUTCOMES
 from stalebound.core.filters import buffer_progress
+from stalebound.runtime.checkpoint import STATE_FORMAT, build_state, read_state
 from stalebound.runtime.episodes import (
-    EpisodeDeadlines,
-    GroupTasks,
+    Episodes,
     Item,
     ItemSource,
-    MemberEngine,
     MemberTask,
     ShouldAccept,
     WorkflowProtocol,
-    call_abort,
-    output_tokens,
     token_versions,
 )
+from stalebound.runtime.loop import LoopThread
 from stalebound.runtime.results import ExecutorStatistics, RolloutError, Trajectory
 from stalebound.runtime.staleness_manager import StalenessManager
 
@@ -85,16 +80,8 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-STATE_FORMAT = 1
-"""The format of :meth:`WorkflowExecutor.state_dict`; :meth:`~WorkflowExecutor.load_state_dict`
-refuses any other."""
 
-# The state dict's names for the coordinator's per-cause counters.
-_BY_CAUSE = ("member_failures", "cancelled_members", "discarded_members")
-_NOT_EVENTS = frozenset({"launched_members", "finished_members", "consecutive_failures"})
-
-
-class WorkflowExecutor:
+class WorkflowExecutor(LoopThread):
     """Runs rollout workflows concurrently, admitted and batched by a staleness policy.
 
     ``inference_engine`` is passed to every ``arun_episode`` call; its ``get_version()`` (when it
@@ -129,13 +116,10 @@ class WorkflowExecutor:
         self._engine_set_version: Callable[[int], Any] | None = setter if callable(setter) else None
         abort = getattr(inference_engine, "abort", None)
         self._engine_abort: Callable[[Any], Any] | None = abort if callable(abort) else None
+        super().__init__()
         self._published = 0
         self._settings: CoordinatorSettings | None = None
         self._coord: Coordinator | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._loop_tid: int | None = None
-        self._closed = False
         # Touched by the loop thread only, except the intake (a deque: appends from any thread).
         self._intake: deque[Item] = deque()
         self._intake_lock = threading.Lock()  # sample indices are taken under it
@@ -144,26 +128,20 @@ class WorkflowExecutor:
         self._source: ItemSource | None = None
         self._source_error: Exception | None = None
         self._resume_skip: int | None = None  # data-loader items to skip after load_state_dict
-        self._groups: dict[int, GroupTasks] = {}
         self._output: deque[tuple[Trajectory, ...]] = deque()
         # Settled untrained, not yet drained: appended on the loop thread, drained from any.
         self._outcomes: deque[tuple[int, str]] = deque()
         self._waiters: list[asyncio.Future[None]] = []
-        self._wake: asyncio.Event | None = None
-        self._kick_pending = False
-        self._deadlines: EpisodeDeadlines | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._progress_handle: asyncio.TimerHandle | None = None
         self._stopped: RolloutError | None = None
-        self._background: set[asyncio.Task[Any]] = set()  # engine aborts in progress
         self._wakeups = 0
-        self._aborted_requests: Counter[str] = Counter()
-        self._aborted_tokens: Counter[str] = Counter()
+        self._episodes: Episodes  # built on the loop thread, when it starts
         self._carry_out: dict[type, Callable[[Any], None]] = {
             ev.StartGroup: self._start_group,
-            ev.LaunchMember: self._launch,
-            ev.AbortRequest: self._abort_member,
-            ev.TruncateMember: self._truncate_member,
+            ev.LaunchMember: lambda a: self._episodes.launch(a.member, a.relaunch),
+            ev.AbortRequest: lambda a: self._episodes.stop(a.member, a.cause),
+            ev.TruncateMember: lambda a: self._episodes.truncate(a.member, a.cause),
             ev.AbortGroup: self._group_aborted,
             ev.Retry: self._retried,
             ev.ArmTimer: self._arm_timer,
@@ -213,12 +191,7 @@ class WorkflowExecutor:
             s = replace(s, batch_size=policy.batch_size, staleness=manager.max_staleness)
             coord = Coordinator(policy, s, guard=manager.lock)
         self._settings, self._coord = s, coord
-        started = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run_loop, args=(started,), name="stalebound-executor", daemon=True
-        )
-        self._thread.start()
-        started.wait()
+        self._start_thread("stalebound-executor")
         return self
 
     def destroy(self) -> None:
@@ -226,14 +199,7 @@ class WorkflowExecutor:
         if self._closed:
             return
         self._closed = True
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        if threading.get_ident() == self._loop_tid:
-            raise ProtocolError("destroy(): call it from outside the executor's own workflows")
-        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
+        self._stop_thread(self._shutdown())
 
     def __enter__(self) -> WorkflowExecutor:
         return self
@@ -316,7 +282,7 @@ class WorkflowExecutor:
         self._require_running()
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ProtocolError(f"wait(count={count!r}): count must be an integer ≥ 0")
-        return self._request(count, timeout, None)
+        return self._request(count, timeout, None, "wait()")
 
     def collect_results(self) -> list[Trajectory]:
         """Non-blocking: the next batch (``consumer_batch_size`` groups) if one is ready, else []."""
@@ -349,7 +315,7 @@ class WorkflowExecutor:
         s = self._require_running()
         _need_workflow("prepare_batch", workflow)
         source = ItemSource(dataloader, workflow, should_accept_fn)
-        return self._request(s.batch_size, None, source)
+        return self._request(s.batch_size, None, source, "prepare_batch()")
 
     def pause(self) -> None:
         """Stop admitting new groups (running ones go on). Returns once no admission can follow."""
@@ -376,15 +342,6 @@ class WorkflowExecutor:
         policy) and return its result: how a live view reads the buffers safely."""
         policy = self._require_policy()
         return self._call(fn, policy)
-
-    def run_coroutine(self, coro: Any, timeout: float | None = None) -> Any:
-        """Run ``coro`` on the executor's event loop from another thread and wait for its result,
-        e.g. ``engine.update_weights(...)`` for the engine the workflows share."""
-        self._require_running()
-        if threading.get_ident() == self._loop_tid:
-            raise ProtocolError("run_coroutine(): call it from outside the executor's loop thread")
-        assert self._loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def drain_outcomes(self) -> list[tuple[int, str]]:
         """Items that ended without being trained since the last call, as ``(sample_index,
@@ -446,101 +403,23 @@ class WorkflowExecutor:
             raise ProtocolError("the executor is not initialized; call initialize() first")
         return self._settings
 
-    def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """Run ``fn(*args)`` on the loop thread and return its result."""
-        self._require_running()
-        if threading.get_ident() == self._loop_tid:
-            return fn(*args)
-        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:
-                future.set_exception(e)
-
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(run)
-        return future.result()
-
     def _request(
-        self, count: int, timeout: float | None, source: ItemSource | None
+        self, count: int, timeout: float | None, source: ItemSource | None, op: str
     ) -> list[Trajectory]:
-        """One hop onto the loop: answer at once when enough is ready, else wait there."""
-        loop = self._loop
-        assert loop is not None
-        if threading.get_ident() == self._loop_tid:
-            raise ProtocolError(
-                "wait(): would block the executor's own loop; call it from another thread"
-            )
-        future: concurrent.futures.Future[list[Trajectory]] = concurrent.futures.Future()
+        """Answer at once when enough is ready, else wait on the loop."""
 
-        def done(task: asyncio.Task[list[Trajectory]]) -> None:
-            if task.cancelled():
-                future.set_exception(ProtocolError("wait(): the executor was destroyed"))
-            elif (exc := task.exception()) is not None:
-                future.set_exception(exc)
-            else:
-                future.set_result(task.result())
+        def now() -> list[Trajectory] | None:
+            if source is not None:
+                self._set_source(source)
+            return self._pop(count) if self._fill(count) else None
 
-        def run() -> None:
-            future.set_running_or_notify_cancel()
-            try:
-                if source is not None:
-                    self._set_source(source)
-                if self._fill(count):
-                    future.set_result(self._pop(count))
-                    return
-                loop.create_task(self._take(count, timeout)).add_done_callback(done)
-            except BaseException as e:
-                future.set_exception(e)
+        return self._answer(op, now, lambda: self._take(count, timeout))
 
-        loop.call_soon_threadsafe(run)
-        return future.result()
-
-    def _kick_threadsafe(self) -> None:
-        loop = self._loop
-        if loop is None or self._closed:
-            return
-        if threading.get_ident() == self._loop_tid:
-            self._kick()
-        elif not self._kick_pending:
-            # at most one pending hop: a burst of submissions costs one wake-up
-            self._kick_pending = True
-            loop.call_soon_threadsafe(self._kicked)
-
-    def _kicked(self) -> None:
-        self._kick_pending = False
-        self._kick()
-
-    def _kick(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
-
-    def _run_loop(self, started: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        self._loop = loop
-        self._loop_tid = threading.get_ident()
-        self._wake = asyncio.Event()
+    def _loop_started(self, loop: asyncio.AbstractEventLoop) -> None:
         timeout = self._settings.request_timeout if self._settings else None
-        if timeout is not None:
-            self._deadlines = EpisodeDeadlines(loop, timeout, self._expire)
-        dispatcher = loop.create_task(self._dispatch_forever())
-        loop.call_soon(started.set)
-        try:
-            loop.run_forever()
-        finally:
-            # Cancel what is left (the dispatcher, waits of other threads) and run the loop until
-            # their callbacks have run, so that no caller is left blocked on a dead loop.
-            left = asyncio.all_tasks(loop)
-            for task in left:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*left, dispatcher, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+        self._episodes = Episodes(
+            loop, self.inference_engine, self._member_ended, self._progressed, timeout
+        )
 
     # ------------------------------------------------------------------ events in
 
@@ -623,39 +502,10 @@ class WorkflowExecutor:
         self._items[sample] = (data, workflow)
         self._handle(ev.Submitted(sample, accept, retries))
 
-    async def _run_member(self, m: MemberTask) -> None:
-        """One episode. Members stopped on purpose are accounted for when they are stopped
-        (``m.cause`` set), so nothing here depends on the task having started."""
-        m.started = True
-        try:
-            result = await m.episode
-        except asyncio.CancelledError:
-            if m.cause is None:  # cancelled by someone else (the engine, say)
-                self._member_ended(m, None, "cancelled")
-            raise
-        except Exception as e:
-            if m.cause is None:
-                self._member_ended(m, None, e)
-        else:
-            if m.cause is None:
-                self._member_ended(m, result, None)
-
-    def _early_failure(self, m: MemberTask, exc: Exception) -> None:
-        if m.cause is None:  # not stopped with its group meanwhile
-            self._member_ended(m, None, exc)
-
-    def _expire(self, m: MemberTask) -> None:
-        m.cause = "timeout"
-        if m.task is not None and not self._abort_requests(m, "timeout", cancel=True):
-            m.task.cancel()
-        self._member_ended(m, None, "timeout")
-
     def _member_ended(
         self, m: MemberTask, result: Any, failure: BaseException | str | None
     ) -> None:
         """An episode ended by itself (or timed out): tell the coordinator."""
-        group = m.group
-        del group.members[m.mid.number]
         now = self._now()
         event: ev.Event
         if failure is None and result is not None:
@@ -669,8 +519,6 @@ class WorkflowExecutor:
             cause = f"error:{type(failure).__name__}"
             event = ev.MemberFailed(m.mid, now, cause, self.get_version(), repr(failure))
         self._guarded(f"handling the outcome of {m.mid}", event)
-        if not group.members:
-            self._unlist(group)
 
     def _progressed(self, member: MemberId) -> None:
         self._handle(ev.MemberProgress(member, self._now()))
@@ -683,58 +531,11 @@ class WorkflowExecutor:
 
     def _start_group(self, a: ev.StartGroup) -> None:
         data, workflow = self._items[a.sample]
-        deadlines = self._deadlines
-        key = deadlines.key() if deadlines is not None else 0
-        group = self._groups[a.group_id] = GroupTasks(a.group_id, data, workflow, key)
-        if deadlines is not None:
-            deadlines.watch(group, key)
+        self._episodes.start_group(a.group_id, data, workflow)
         s = self._settings
         assert s is not None and self._loop is not None
         if s.progress_log is not None and self._progress_handle is None:
             self._progress_handle = self._loop.call_later(s.progress_log, self._progress)
-
-    def _launch(self, a: ev.LaunchMember) -> None:
-        loop = self._loop
-        assert loop is not None
-        group = self._groups[a.member.group_id]  # type: ignore[index]
-        key = group.start_key
-        if a.relaunch and self._deadlines is not None:
-            key = self._deadlines.key()
-            self._deadlines.watch(group, key)
-        m = group.members[a.member.number] = MemberTask(group, a.member, key)
-        engine = self.inference_engine
-        if self._engine_abort is not None:  # only then are request ids of any use
-            engine = m.engine = MemberEngine(engine, m, self._progressed, self._count_abort)
-        try:
-            m.episode = group.workflow.arun_episode(engine, group.data)
-        except Exception as e:  # raised before its first await: fail it on the next turn
-            loop.call_soon(self._early_failure, m, e)
-            return
-        m.task = loop.create_task(self._run_member(m))
-
-    def _abort_member(self, a: ev.AbortRequest) -> None:
-        """Stop a member on purpose: abort its engine requests (their partial outputs are counted
-        as wasted), then cancel its task; at shutdown cancel the task at once."""
-        group = self._groups.get(a.member.group_id)  # type: ignore[arg-type]
-        m = group.members.pop(a.member.number, None) if group is not None else None
-        if m is None:
-            return
-        m.cause = a.cause
-        if not m.started and inspect.iscoroutine(m.episode):
-            m.episode.close()  # never awaited: close it, or Python warns
-        if m.task is not None and (
-            a.cause == "shutdown" or not self._abort_requests(m, a.cause, cancel=True)
-        ):
-            m.task.cancel()
-        if group is not None and not group.members:
-            self._unlist(group)
-
-    def _truncate_member(self, a: ev.TruncateMember) -> None:
-        group = self._groups.get(a.member.group_id)  # type: ignore[arg-type]
-        m = group.members.get(a.member.number) if group is not None else None
-        if m is not None:
-            m.truncated = True
-            self._abort_requests(m, a.cause, cancel=False)
 
     def _group_aborted(self, a: ev.AbortGroup) -> None:
         logger.debug("group %d left the policy: %s", a.group_id, a.cause)
@@ -779,9 +580,7 @@ class WorkflowExecutor:
         logger.warning("%s", a.why)
 
     def _report_stall(self, a: ev.ReportStall) -> None:
-        group = self._groups.get(a.group_id)
-        members = group.members.values() if group is not None else ()
-        requests = [rid for m in members if m.engine for rid in m.engine.inflight]
+        requests = self._episodes.requests_in_flight(a.group_id)
         logger.warning(
             "watchdog: group %d (V=%d, training version %d) has produced nothing for %.3g s; "
             "members %s running on %s, engine requests in flight %s",
@@ -802,45 +601,6 @@ class WorkflowExecutor:
         self._stopped = RolloutError(f"the executor stopped: {a.reason}")
         logger.error("%s", self._stopped)
 
-    def _unlist(self, group: GroupTasks) -> None:
-        if self._groups.get(group.gid) is group:
-            del self._groups[group.gid]
-            if self._deadlines is not None:
-                self._deadlines.forget(group)
-
-    def _count_abort(self, cause: str) -> None:
-        self._aborted_requests[cause] += 1
-
-    def _abort_requests(self, m: MemberTask, cause: str, *, cancel: bool) -> bool:
-        """Abort ``m``'s engine requests in flight in the background (then cancel its task when
-        ``cancel``); False when there is nothing to abort on the engine."""
-        abort = self._engine_abort
-        rids = list(m.engine.inflight) if m.engine is not None else []
-        if abort is None or not rids:
-            return False
-        assert self._loop is not None
-        task = self._loop.create_task(self._abort_then(m, abort, rids, cause, cancel))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return True
-
-    async def _abort_then(
-        self, m: MemberTask, abort: Callable[[Any], Any], rids: list[Any], cause: str, cancel: bool
-    ) -> None:
-        try:
-            for rid in rids:
-                try:
-                    partial = await call_abort(abort, rid)
-                except Exception as e:  # the engine may have finished it meanwhile
-                    logger.warning("engine.abort(%r) for %s (%s) failed: %r", rid, m.mid, cause, e)
-                    continue
-                self._aborted_requests[cause] += 1
-                if cancel:  # truncated output is kept by the workflow, not wasted
-                    self._aborted_tokens[cause] += output_tokens(partial)
-        finally:
-            if cancel and m.task is not None:
-                m.task.cancel()
-
     def _progress(self) -> None:
         """One log line on the buffers' progress, then again in ``progress_log_s`` if busy."""
         self._progress_handle = None
@@ -860,7 +620,7 @@ class WorkflowExecutor:
             self._progress_handle = loop.call_later(s.progress_log, self._progress)
 
     async def _shutdown(self) -> None:
-        tasks = [m.task for g in self._groups.values() for m in g.members.values() if m.task]
+        tasks = self._episodes.tasks()
         self._handle(ev.Shutdown(self._now()))
         for timer in list(self._timers):
             self._cancel_timer(ev.CancelTimer(timer))
@@ -947,108 +707,56 @@ class WorkflowExecutor:
         with self._intake_lock:
             self._drain_intake()
             next_sample = self._next_sample
-        snap = coord.snapshot()
-        items = self._items
-        # in admission order, then the input queue: the order they are dispatched again in
-        pending = [(i, items[i][0], r) for _, i, r in snap["running"]]
-        pending += [(i, items[i][0], r) for i, r in snap["queued"]]
         drawn = self._source.drawn if self._source is not None else (self._resume_skip or 0)
-        counts, by_cause = snap["counts"], snap["by_cause"]
-        events = {k: n for k, n in counts.items() if k not in _NOT_EVENTS and n}
-        events["dispatch_wakeups"] = self._wakeups
-        return {
-            "format": STATE_FORMAT,
-            "policy": snap["policy"],
-            "version": snap["version"],
-            "policy_state": snap["policy_state"],
-            "pending": pending,
-            "running_groups": [gid for gid, _, _ in snap["running"]],
-            "samples": snap["samples"],  # of the completed groups the policy holds
-            "waiting": list(self._output),
-            "loader_position": drawn,
-            "next_sample": next_sample,
-            "next_group_id": snap["next_group_id"],
-            "outcomes": list(self._outcomes),
-            "counters": {
-                "events": events,
-                **{name: dict(by_cause[name]) for name in _BY_CAUSE},
-                "aborted_requests": dict(self._aborted_requests),
-                "aborted_tokens": dict(self._aborted_tokens),
-                "launched_members": counts["launched_members"],
-                "finished_members": counts["finished_members"],
-            },
-        }
+        return build_state(
+            coord.snapshot(),
+            {i: data for i, (data, _) in self._items.items()},
+            waiting=self._output,
+            loader_position=drawn,
+            next_sample=next_sample,
+            outcomes=self._outcomes,
+            dispatch_wakeups=self._wakeups,
+            aborted_requests=self._episodes.aborted_requests,
+            aborted_tokens=self._episodes.aborted_tokens,
+        )
 
     def _load_state(
         self, state: Mapping[str, Any], workflow: WorkflowProtocol, accept: ShouldAccept | None
     ) -> None:
         coord = self._coord
         assert coord is not None
-        if self._groups or self._intake or self._output or self._source or coord.queued:
+        if self._episodes.groups or self._intake or self._output or self._source or coord.queued:
             raise ProtocolError(
                 "load_state_dict(): the executor has already taken work; load the state right "
                 "after initialize(), before submit() or prepare_batch()"
             )
-        try:
-            fmt = state["format"]
-            if fmt != STATE_FORMAT:
-                raise ProtocolError(
-                    f"load_state_dict(): state format {fmt!r} is not supported (this stalebound "
-                    f"reads format {STATE_FORMAT}); resume with the version that wrote it"
-                )
-            if state["policy"] != coord.policy.name:
-                raise ProtocolError(
-                    f"load_state_dict(): the state was written under "
-                    f"rollout.staleness_policy={state['policy']!r}, this executor runs "
-                    f"{coord.policy.name!r}; resume with the policy it was written with"
-                )
-            pending = [(int(i), data, int(r)) for i, data, r in state["pending"]]
-            running = [int(gid) for gid in state["running_groups"]]
-            samples = {int(gid): int(i) for gid, i in state["samples"].items()}
-            waiting = [tuple(t) for t in state["waiting"]]
-            position = int(state["loader_position"])
-            next_sample, next_gid = int(state["next_sample"]), int(state["next_group_id"])
-            outcomes = [(int(i), str(o)) for i, o in state["outcomes"]]
-            c = state["counters"]
-            events = {str(k): int(n) for k, n in c["events"].items()}
-            wakeups = events.pop("dispatch_wakeups", 0)
-            counts = {**events, "launched_members": int(c["launched_members"])}
-            counts["finished_members"] = int(c["finished_members"])
-            by_cause = {name: _causes(c[name]) for name in _BY_CAUSE}
-            aborted = [_causes(c[name]) for name in ("aborted_requests", "aborted_tokens")]
-            known = set(CoordinatorCounts().totals())
-            if not set(counts) <= known:
-                raise ValueError(f"unknown counters {sorted(set(counts) - known)}")
-            coord.restore(
-                policy_state=state["policy_state"],
-                running=running,
-                pending=[(i, r) for i, _, r in pending],
-                samples=samples,
-                next_group_id=next_gid,
-                counts=counts,
-                by_cause=by_cause,
-                accept=accept,
-            )
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-            raise ProtocolError(
-                f"load_state_dict(): the state is damaged or not an executor state "
-                f"({type(exc).__name__}: {exc}); load one written by state_dict()"
-            ) from exc
-        self._wakeups = wakeups
-        self._aborted_requests, self._aborted_tokens = (Counter(m) for m in aborted)
-        self._items = {i: (data, workflow) for i, data, _ in pending}
-        self._output = deque(waiting)
-        self._outcomes = deque(outcomes)
-        self._resume_skip = position
+        saved = read_state(state, coord.policy.name)
+        coord.restore(
+            policy_state=saved.policy_state,
+            running=saved.running,
+            pending=[(i, r) for i, _, r in saved.pending],
+            samples=saved.samples,
+            next_group_id=saved.next_group_id,
+            counts=saved.counts,
+            by_cause=saved.by_cause,
+            accept=accept,
+        )
+        self._wakeups = saved.dispatch_wakeups
+        self._episodes.aborted_requests = Counter(saved.aborted_requests)
+        self._episodes.aborted_tokens = Counter(saved.aborted_tokens)
+        self._items = {i: (data, workflow) for i, data, _ in saved.pending}
+        self._output = deque(saved.waiting)
+        self._outcomes = deque(saved.outcomes)
+        self._resume_skip = saved.loader_position
         with self._intake_lock:
-            self._next_sample = next_sample
+            self._next_sample = saved.next_sample
         logger.info(
             "resumed at version %d: %d groups waiting in the policy, %d items to dispatch again, "
             "%d queued",
             coord.version,
-            len(samples),
-            len(running),
-            len(pending) - len(running),
+            len(saved.samples),
+            len(saved.running),
+            len(saved.pending) - len(saved.running),
         )
         self._kick()
 
@@ -1085,6 +793,7 @@ class WorkflowExecutor:
         stuck = coord.stuck_seconds(self._loop.time() if self._loop is not None else 0.0)
         queued = coord.queued + len(self._intake)
         counts = coord.counts
+        counted: dict[str, Any] = {**counts.totals(), **counts.by_cause()}
         return ExecutorStatistics(
             policy=ps,
             manager=manager.get_stats() if manager is not None else None,
@@ -1096,14 +805,13 @@ class WorkflowExecutor:
             submitted=counts.dispatched_groups + queued,
             running_groups=coord.running_groups,
             running_members=coord.running_members,
-            aborted_requests=MappingProxyType(dict(self._aborted_requests)),
-            aborted_tokens=MappingProxyType(dict(self._aborted_tokens)),
+            aborted_requests=MappingProxyType(dict(self._episodes.aborted_requests)),
+            aborted_tokens=MappingProxyType(dict(self._episodes.aborted_tokens)),
             stuck_seconds=sum(stuck.values()),
             stuck_seconds_by_buffer=MappingProxyType(stuck),
             waiting_groups=len(self._output),
             dispatch_wakeups=self._wakeups,
-            **counts.totals(),
-            **counts.by_cause(),
+            **counted,
         )
 
 
@@ -1113,10 +821,6 @@ def _need_workflow(op: str, workflow: Any) -> None:
             f"{op}(workflow={workflow!r}): a workflow must have an async "
             "arun_episode(engine, data) method"
         )
-
-
-def _causes(counts: Mapping[Any, Any]) -> dict[str, int]:
-    return {str(k): int(n) for k, n in counts.items()}
 
 
 def _settle(f: asyncio.Future[None]) -> None:
