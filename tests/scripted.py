@@ -328,7 +328,7 @@ def armed_timers(ex: WorkflowExecutor) -> list[str]:
 
     def name(handle: Any) -> str:
         # the coordinator's timers (the watchdog, the STUCK timeout) by their names
-        if handle._callback.__qualname__ == "WorkflowExecutor._timer_fired":
+        if handle._callback.__qualname__ == "NamedTimers._fired":
             return f"timer:{handle._args[0]}"
         return str(handle._callback.__qualname__)
 

@@ -1,5 +1,20 @@
 """The executor's state dict: what a restarted executor needs to continue exactly where one was.
 
+:meth:`WorkflowExecutor.state_dict` is taken in one hop on the loop thread, so it is consistent:
+the policy's snapshot (the buffers' reservations, and the completed groups with their results),
+the items of the groups running now and of the input queue (data and retry counts), the consumed
+groups not yet handed out, the data loader's position, the outcomes not yet drained and every
+counter. Running episodes are not interrupted. Workflows and filters are not saved.
+
+:meth:`WorkflowExecutor.load_state_dict`: completed groups go back into their buffers (or the
+capacity policy's queue) at their versions; groups that were running are aborted in the policy
+(cause ``resumed``, counted as ``resumed_groups``) and their items queued first, to be generated
+again from the start at the current version; then the queued items; the next ``prepare_batch``
+skips the items its data loader had already yielded. Sample indices, group ids and counters
+continue. The training job's checkpoints store the state as JSON data
+(:mod:`stalebound.train.statejson`): items and results must then be plain data or the tasks'
+``Sample`` / ``Trajectory``.
+
 :func:`build_state` writes it from the coordinator's snapshot and the executor's own queues;
 :func:`read_state` checks one and returns its parts (:class:`SavedState`), raising
 :class:`ProtocolError` — before anything is changed — for a damaged state or one of another
@@ -48,6 +63,18 @@ class SavedState:
     dispatch_wakeups: int
     aborted_requests: dict[str, int]
     aborted_tokens: dict[str, int]
+
+    def for_coordinator(self) -> dict[str, Any]:
+        """The keyword arguments of :meth:`Coordinator.restore` (but ``accept``)."""
+        return {
+            "policy_state": self.policy_state,
+            "running": self.running,
+            "pending": [(i, r) for i, _, r in self.pending],
+            "samples": self.samples,
+            "next_group_id": self.next_group_id,
+            "counts": self.counts,
+            "by_cause": self.by_cause,
+        }
 
 
 def build_state(

@@ -19,7 +19,8 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
-from stalebound.core import ConfigError, MemberId
+from stalebound.core import ConfigError, MemberId, ProtocolError
+from stalebound.core import events as ev
 
 logger = logging.getLogger("stalebound.runtime.executor")  # the executor's log, as before
 
@@ -33,6 +34,8 @@ __all__ = [
     "ShouldAccept",
     "WorkflowProtocol",
     "call_abort",
+    "need_workflow",
+    "outcome_event",
     "output_tokens",
     "request_id",
     "token_versions",
@@ -89,6 +92,31 @@ class MemberTask:
         self.task: asyncio.Task[Any] | None = None
         self.cause: str | None = None  # set when it is stopped on purpose
         self.truncated = False  # its requests are aborted as they come; its output is kept
+
+
+def need_workflow(op: str, workflow: Any) -> None:
+    """Refuse an object that is not a workflow (no ``arun_episode``), naming the call."""
+    if not callable(getattr(workflow, "arun_episode", None)):
+        raise ProtocolError(
+            f"{op}(workflow={workflow!r}): a workflow must have an async "
+            "arun_episode(engine, data) method"
+        )
+
+
+def outcome_event(
+    m: MemberTask, result: Any, failure: BaseException | str | None, now: float, version: int
+) -> ev.MemberFinished | ev.MemberFailed:
+    """The coordinator's event for an episode that ended by itself: finished with a trajectory,
+    or failed (``rejected`` when it returned ``None``, the cause given, or ``error:<Type>``).
+    ``version`` is the generation version now (a relaunch starts at it)."""
+    if failure is None and result is not None:
+        return ev.MemberFinished(m.mid, now, result, token_versions(result))
+    if failure is None:
+        return ev.MemberFailed(m.mid, now, "rejected", version)
+    if isinstance(failure, str):
+        return ev.MemberFailed(m.mid, now, failure, version)
+    logger.debug("episode %s failed: %r", m.mid, failure, exc_info=failure)
+    return ev.MemberFailed(m.mid, now, f"error:{type(failure).__name__}", version, repr(failure))
 
 
 def request_id(request: Any) -> Any:

@@ -5,26 +5,14 @@
 ``get_capacity``) over either staleness policy (``rollout.staleness_policy``: ``buffer``, the
 per-trajectory bound, or ``capacity``, AReaL's aggregate bound).
 
-It decides nothing about staleness. Every decision — admission, group tracking, filters, the
-proactive filter, the watchdog, when to stop — is the :class:`~stalebound.core.Coordinator`'s. The
-executor turns what happens into the coordinator's events (a submitted item, an episode's return
-value or exception, a timer, the trainer asking for a batch) and carries out the actions it gets
-back, in order: start episodes, abort engine requests and cancel tasks, arm timers, hand batches
-to the trainer, log. ``action_log`` (a callable) sees every ``(event, actions)`` pair.
-
-How it runs. One event loop in a background thread owns the coordinator and the running tasks.
-Public methods called from other threads hop onto that loop (``call_soon_threadsafe``). A
-submitted item is one *group*: N′ ``workflow.arun_episode(engine, data)`` calls, each returning one
-trajectory (``None`` meaning rejected). Taking a batch *consumes* it, which advances the training
-version; the trainer then publishes new weights and calls :meth:`~WorkflowExecutor.set_version`.
-The dispatcher is a task that sleeps on an :class:`asyncio.Event`, woken by whatever can open
-capacity; it never polls.
-
-Engine requests. When the engine has ``abort(request_id)``, each member's workflow gets a thin
-proxy of it (:class:`~stalebound.runtime.episodes.MemberEngine`) that remembers the requests in
-flight. Members stopped on purpose have those requests aborted with ``await engine.abort(rid)``
-first — the partial outputs are counted as wasted tokens — and their tasks are then cancelled;
-engines without ``abort``, requests without ids and shutdown fall back to cancelling the task.
+It decides nothing about staleness: every decision is the :class:`~stalebound.core.Coordinator`'s.
+The executor turns what happens (a submitted item, an episode's return value or exception, a
+timer, the trainer asking for a batch) into the coordinator's events and carries out the actions
+it gets back, in order; ``action_log`` sees every ``(event, actions)`` pair. One event loop in a
+background thread (:class:`~stalebound.runtime.loop.LoopThread`) owns the coordinator and the
+episodes (:class:`~stalebound.runtime.episodes.Episodes`: engine requests of members stopped on
+purpose are aborted on the engine, then their tasks cancelled); public methods hop onto it. The
+dispatcher sleeps on an :class:`asyncio.Event` and never polls. ``docs/architecture.md`` draws it.
 """
 
 from __future__ import annotations
@@ -35,7 +23,6 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from types import MappingProxyType
 from typing import Any, TypeVar
 
 from stalebound.config import RolloutConfig
@@ -51,7 +38,7 @@ from stalebound.core import (
 )
 from stalebound.core import events as ev
 from stalebound.core.coordinator import OUTCOMES
-from stalebound.core.filters import buffer_progress
+from stalebound.runtime import reports
 from stalebound.runtime.checkpoint import STATE_FORMAT, build_state, read_state
 from stalebound.runtime.episodes import (
     Episodes,
@@ -60,9 +47,10 @@ from stalebound.runtime.episodes import (
     MemberTask,
     ShouldAccept,
     WorkflowProtocol,
-    token_versions,
+    need_workflow,
+    outcome_event,
 )
-from stalebound.runtime.loop import LoopThread
+from stalebound.runtime.loop import LoopThread, NamedTimers, settle
 from stalebound.runtime.results import ExecutorStatistics, RolloutError, Trajectory
 from stalebound.runtime.staleness_manager import StalenessManager
 
@@ -110,12 +98,8 @@ class WorkflowExecutor(LoopThread):
         self.inference_engine = inference_engine
         self.staleness_manager: StalenessManager | None = staleness_manager
         self.action_log = action_log
-        getter = getattr(inference_engine, "get_version", None)
-        self._engine_version: Callable[[], int] | None = getter if callable(getter) else None
-        setter = getattr(inference_engine, "set_version", None)
-        self._engine_set_version: Callable[[int], Any] | None = setter if callable(setter) else None
-        abort = getattr(inference_engine, "abort", None)
-        self._engine_abort: Callable[[Any], Any] | None = abort if callable(abort) else None
+        self._engine_version: Callable[[], int] | None = _method(inference_engine, "get_version")
+        self._engine_set_version = _method(inference_engine, "set_version")
         super().__init__()
         self._published = 0
         self._settings: CoordinatorSettings | None = None
@@ -132,7 +116,7 @@ class WorkflowExecutor(LoopThread):
         # Settled untrained, not yet drained: appended on the loop thread, drained from any.
         self._outcomes: deque[tuple[int, str]] = deque()
         self._waiters: list[asyncio.Future[None]] = []
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._timers = NamedTimers(self._timer_fired)  # the coordinator's, by name
         self._progress_handle: asyncio.TimerHandle | None = None
         self._stopped: RolloutError | None = None
         self._wakeups = 0
@@ -142,14 +126,14 @@ class WorkflowExecutor(LoopThread):
             ev.LaunchMember: lambda a: self._episodes.launch(a.member, a.relaunch),
             ev.AbortRequest: lambda a: self._episodes.stop(a.member, a.cause),
             ev.TruncateMember: lambda a: self._episodes.truncate(a.member, a.cause),
-            ev.AbortGroup: self._group_aborted,
-            ev.Retry: self._retried,
-            ev.ArmTimer: self._arm_timer,
-            ev.CancelTimer: self._cancel_timer,
+            ev.AbortGroup: self._report,
+            ev.Retry: self._report,
+            ev.ArmTimer: lambda a: self._timers.arm(a.timer, a.at),
+            ev.CancelTimer: lambda a: self._timers.cancel(a.timer),
             ev.HandOverBatch: self._hand_over,
             ev.ReportDrop: self._report_drop,
-            ev.ReportFailure: self._report_failure,
-            ev.ReportStall: self._report_stall,
+            ev.ReportFailure: self._report,
+            ev.ReportStall: self._report,
             ev.Wake: self._woken,
             ev.Stop: self._stopped_by,
         }
@@ -168,7 +152,7 @@ class WorkflowExecutor(LoopThread):
                 "WorkflowExecutor to start again"
             )
         s = resolve_settings(self.config, train_data_parallel_size)
-        if s.proactive == "truncate" and self._engine_abort is None:
+        if s.proactive == "truncate" and _method(self.inference_engine, "abort") is None:
             raise ConfigError(
                 f"rollout.proactive_filter.method='truncate': the inference engine "
                 f"{type(self.inference_engine).__name__} has no abort(request_id), so running "
@@ -255,7 +239,7 @@ class WorkflowExecutor(LoopThread):
         Raises :class:`ProtocolError` when the input queue already holds ``queue_size`` items.
         """
         s = self._require_running()
-        _need_workflow("submit", workflow)
+        need_workflow("submit", workflow)
         if self._stopped is not None:
             raise self._stopped
         assert self._coord is not None
@@ -313,7 +297,7 @@ class WorkflowExecutor(LoopThread):
         workflow continues where it left off.
         """
         s = self._require_running()
-        _need_workflow("prepare_batch", workflow)
+        need_workflow("prepare_batch", workflow)
         source = ItemSource(dataloader, workflow, should_accept_fn)
         return self._request(s.batch_size, None, source, "prepare_batch()")
 
@@ -356,16 +340,9 @@ class WorkflowExecutor(LoopThread):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """What a restarted executor needs to continue exactly here (:meth:`load_state_dict`).
-
-        Taken in one hop on the loop thread, so it is consistent: the policy's snapshot (the
-        buffers' reservations, and the completed groups with their results), the items of the
-        groups running now and of the input queue (data and retry counts), the consumed groups not
-        yet handed out, the data loader's position, the outcomes not yet drained and every
-        counter. Running episodes are not interrupted. Workflows and filters are not saved. The
-        training job's checkpoints store it as JSON data (:mod:`stalebound.train.statejson`): the
-        items and results must then be plain data or the tasks' ``Sample`` / ``Trajectory``.
-        """
+        """What a restarted executor needs to continue exactly here (:meth:`load_state_dict`),
+        taken in one hop on the loop thread; what it holds: :mod:`stalebound.runtime.checkpoint`.
+        Running episodes are not interrupted."""
         return self._call(self._state_dict)
 
     def load_state_dict(
@@ -375,18 +352,11 @@ class WorkflowExecutor(LoopThread):
         should_accept_fn: ShouldAccept | None = None,
     ) -> None:
         """Continue from :meth:`state_dict` output; call it after :meth:`initialize`, before
-        anything is submitted.
-
-        Completed groups go back into their buffers (or the capacity policy's queue) at their
-        versions; groups that were running are aborted in the policy (cause ``resumed``, counted
-        as ``resumed_groups``) and their items queued first, to be generated again from the start
-        at the current version; then the queued items; the next :meth:`prepare_batch` skips the
-        items its data loader had already yielded. Re-dispatched items run ``workflow`` (and
-        ``should_accept_fn``). Sample indices, group ids and counters continue. A state of another
-        format or policy raises :class:`ProtocolError` and changes nothing.
-        """
+        anything is submitted. Re-dispatched items run ``workflow`` (and ``should_accept_fn``);
+        how the rest resumes: :mod:`stalebound.runtime.checkpoint`. A state of another format or
+        policy raises :class:`ProtocolError` and changes nothing."""
         self._require_running()
-        _need_workflow("load_state_dict", workflow)
+        need_workflow("load_state_dict", workflow)
         self._call(self._load_state, state, workflow, should_accept_fn)
 
     # ------------------------------------------------------------------ thread plumbing
@@ -506,25 +476,13 @@ class WorkflowExecutor(LoopThread):
         self, m: MemberTask, result: Any, failure: BaseException | str | None
     ) -> None:
         """An episode ended by itself (or timed out): tell the coordinator."""
-        now = self._now()
-        event: ev.Event
-        if failure is None and result is not None:
-            event = ev.MemberFinished(m.mid, now, result, token_versions(result))
-        elif failure is None:
-            event = ev.MemberFailed(m.mid, now, "rejected", self.get_version())
-        elif isinstance(failure, str):
-            event = ev.MemberFailed(m.mid, now, failure, self.get_version())
-        else:
-            logger.debug("episode %s failed: %r", m.mid, failure, exc_info=failure)
-            cause = f"error:{type(failure).__name__}"
-            event = ev.MemberFailed(m.mid, now, cause, self.get_version(), repr(failure))
+        event = outcome_event(m, result, failure, self._now(), self.get_version())
         self._guarded(f"handling the outcome of {m.mid}", event)
 
     def _progressed(self, member: MemberId) -> None:
         self._handle(ev.MemberProgress(member, self._now()))
 
     def _timer_fired(self, timer: str) -> None:
-        self._timers.pop(timer, None)
         self._guarded(f"the {timer} timer", ev.TimerFired(timer, self._now()))
 
     # ------------------------------------------------------------------ actions out
@@ -537,61 +495,18 @@ class WorkflowExecutor(LoopThread):
         if s.progress_log is not None and self._progress_handle is None:
             self._progress_handle = self._loop.call_later(s.progress_log, self._progress)
 
-    def _group_aborted(self, a: ev.AbortGroup) -> None:
-        logger.debug("group %d left the policy: %s", a.group_id, a.cause)
-
-    def _retried(self, a: ev.Retry) -> None:
-        logger.info(
-            "proactive filter: the head buffer is STUCK; retrying group %d (item %d, retry %d)",
-            a.group_id,
-            a.sample,
-            a.retries,
-        )
-
-    def _arm_timer(self, a: ev.ArmTimer) -> None:
-        self._cancel_timer(ev.CancelTimer(a.timer))
-        assert self._loop is not None
-        self._timers[a.timer] = self._loop.call_at(a.at, self._timer_fired, a.timer)
-
-    def _cancel_timer(self, a: ev.CancelTimer) -> None:
-        handle = self._timers.pop(a.timer, None)
-        if handle is not None:
-            handle.cancel()
-
     def _hand_over(self, a: ev.HandOverBatch) -> None:
-        v, out, items = a.version, self._output, self._items
-        for g in a.groups:
-            gid, sample = g.group_id, g.sample
-            items.pop(sample, None)
-            out.append(
-                tuple(
-                    Trajectory(
-                        r.result, gid, r.member.number, r.version, v, v - r.version, tv, cut, sample
-                    )
-                    for r, tv, cut in g.members
-                )
-            )
+        for sample, group in reports.trajectories(a):
+            self._items.pop(sample, None)
+            self._output.append(group)
 
     def _report_drop(self, a: ev.ReportDrop) -> None:
         self._items.pop(a.sample, None)
         self._outcomes.append((a.sample, a.outcome))
 
-    def _report_failure(self, a: ev.ReportFailure) -> None:
-        logger.warning("%s", a.why)
-
-    def _report_stall(self, a: ev.ReportStall) -> None:
+    def _report(self, a: ev.ReportFailure | ev.ReportStall | ev.Retry | ev.AbortGroup) -> None:
         requests = self._episodes.requests_in_flight(a.group_id)
-        logger.warning(
-            "watchdog: group %d (V=%d, training version %d) has produced nothing for %.3g s; "
-            "members %s running on %s, engine requests in flight %s",
-            a.group_id,
-            a.version,
-            a.training_version,
-            a.silent_for,
-            list(a.members),
-            type(self.inference_engine).__name__,
-            requests,
-        )
+        reports.log_report(a, self.inference_engine, requests)
 
     def _woken(self, a: ev.Wake) -> None:
         self._kick()
@@ -606,24 +521,17 @@ class WorkflowExecutor(LoopThread):
         self._progress_handle = None
         coord, s, loop = self._coord, self._settings, self._loop
         assert coord is not None and s is not None and s.progress_log is not None and loop
-        if not coord.running_groups:  # idle: no line, and no timer until work starts again
+        line = reports.progress_line(coord)
+        if line is None:  # idle: no line, and no timer until work starts again
             return
-        running = f"{coord.running_groups} groups ({coord.running_members} members) running"
-        if coord.buffer is not None:
-            logger.info("buffers %s; %s", buffer_progress(coord.buffer), running)
-        else:
-            p = coord.policy.statistics()
-            logger.info(
-                "policy %s version %d: %d waiting; %s", p.policy, p.version, p.waiting, running
-            )
+        logger.info("%s", line)
         if not self._closed:
             self._progress_handle = loop.call_later(s.progress_log, self._progress)
 
     async def _shutdown(self) -> None:
         tasks = self._episodes.tasks()
         self._handle(ev.Shutdown(self._now()))
-        for timer in list(self._timers):
-            self._cancel_timer(ev.CancelTimer(timer))
+        self._timers.cancel_all()
         self._notify()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -667,15 +575,18 @@ class WorkflowExecutor(LoopThread):
             if deadline is None:
                 await waiter
                 continue
-            handle = loop.call_later(max(0.0, deadline - loop.time()), _settle, waiter)
+            handle = loop.call_later(max(0.0, deadline - loop.time()), settle, waiter)
             try:
                 await waiter
             finally:
                 handle.cancel()
             if loop.time() >= deadline and not self._fill(count):
+                assert self._coord is not None
+                queued = self._coord.queued + len(self._intake)
+                state = reports.describe(self._coord, self.get_version(), queued)
                 raise TimeoutError(
                     f"wait(count={count}, timeout={timeout}): only {len(self._output)} groups "
-                    f"ready after {timeout} s ({self._describe()})"
+                    f"ready after {timeout} s ({state})"
                 )
         return self._pop(count)
 
@@ -731,16 +642,7 @@ class WorkflowExecutor(LoopThread):
                 "after initialize(), before submit() or prepare_batch()"
             )
         saved = read_state(state, coord.policy.name)
-        coord.restore(
-            policy_state=saved.policy_state,
-            running=saved.running,
-            pending=[(i, r) for i, _, r in saved.pending],
-            samples=saved.samples,
-            next_group_id=saved.next_group_id,
-            counts=saved.counts,
-            by_cause=saved.by_cause,
-            accept=accept,
-        )
+        coord.restore(**saved.for_coordinator(), accept=accept)
         self._wakeups = saved.dispatch_wakeups
         self._episodes.aborted_requests = Counter(saved.aborted_requests)
         self._episodes.aborted_tokens = Counter(saved.aborted_tokens)
@@ -750,13 +652,14 @@ class WorkflowExecutor(LoopThread):
         self._resume_skip = saved.loader_position
         with self._intake_lock:
             self._next_sample = saved.next_sample
+        running, queued = len(saved.running), len(saved.pending) - len(saved.running)
         logger.info(
             "resumed at version %d: %d groups waiting in the policy, %d items to dispatch again, "
             "%d queued",
             coord.version,
             len(saved.samples),
-            len(saved.running),
-            len(saved.pending) - len(saved.running),
+            running,
+            queued,
         )
         self._kick()
 
@@ -768,61 +671,26 @@ class WorkflowExecutor(LoopThread):
             cap = min(cap, self.staleness_manager.get_capacity())
         return cap - coord.queued - len(self._intake)
 
-    def _describe(self) -> str:
-        coord = self._coord
-        assert coord is not None
-        p = coord.policy.statistics()
-        generation = self.get_version()
-        hint = ""
-        if generation < p.version:
-            hint = (
-                f"; new groups are generated at version {generation}, behind the training version "
-                f"{p.version}: after publishing weights, call set_version({p.version})"
-            )
-        return (
-            f"policy {p.policy} at version {p.version}: {p.running} running, {p.waiting} waiting, "
-            f"{coord.queued + len(self._intake)} queued, paused={coord.paused}{hint}"
-        )
-
     def _statistics(self) -> ExecutorStatistics:
         coord = self._coord
         if coord is None:
             raise ProtocolError("the executor is not initialized; call initialize() first")
-        ps = coord.policy_statistics()
         manager = self.staleness_manager
-        stuck = coord.stuck_seconds(self._loop.time() if self._loop is not None else 0.0)
-        queued = coord.queued + len(self._intake)
-        counts = coord.counts
-        counted: dict[str, Any] = {**counts.totals(), **counts.by_cause()}
-        return ExecutorStatistics(
-            policy=ps,
+        episodes = self._episodes
+        return reports.statistics(
+            coord,
+            now=self._loop.time() if self._loop is not None else 0.0,
             manager=manager.get_stats() if manager is not None else None,
-            version=coord.version,
-            generation_version=self.get_version(),
-            paused=coord.paused,
+            generation=self.get_version(),
             stopped=str(self._stopped) if self._stopped is not None else None,
-            queued=queued,
-            submitted=counts.dispatched_groups + queued,
-            running_groups=coord.running_groups,
-            running_members=coord.running_members,
-            aborted_requests=MappingProxyType(dict(self._episodes.aborted_requests)),
-            aborted_tokens=MappingProxyType(dict(self._episodes.aborted_tokens)),
-            stuck_seconds=sum(stuck.values()),
-            stuck_seconds_by_buffer=MappingProxyType(stuck),
-            waiting_groups=len(self._output),
-            dispatch_wakeups=self._wakeups,
-            **counted,
+            queued=coord.queued + len(self._intake),
+            waiting=len(self._output),
+            wakeups=self._wakeups,
+            aborted_requests=episodes.aborted_requests,
+            aborted_tokens=episodes.aborted_tokens,
         )
 
 
-def _need_workflow(op: str, workflow: Any) -> None:
-    if not callable(getattr(workflow, "arun_episode", None)):
-        raise ProtocolError(
-            f"{op}(workflow={workflow!r}): a workflow must have an async "
-            "arun_episode(engine, data) method"
-        )
-
-
-def _settle(f: asyncio.Future[None]) -> None:
-    if not f.done():
-        f.set_result(None)
+def _method(obj: Any, name: str) -> Callable[..., Any] | None:
+    method = getattr(obj, name, None)
+    return method if callable(method) else None

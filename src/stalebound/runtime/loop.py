@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from stalebound.core import ProtocolError
 
-__all__ = ["LoopThread"]
+__all__ = ["LoopThread", "NamedTimers", "settle"]
 
 _T = TypeVar("_T")
 
@@ -179,3 +179,39 @@ class LoopThread:
     def _kick(self) -> None:
         if self._wake is not None:
             self._wake.set()
+
+
+class NamedTimers:
+    """Loop timers by name (at most one each); firing calls ``fire(name)`` on the loop."""
+
+    def __init__(self, fire: Callable[[str], None]) -> None:
+        self._fire = fire
+        self._handles: dict[str, asyncio.TimerHandle] = {}
+
+    def arm(self, name: str, at: float) -> None:
+        """Fire ``name`` at loop time ``at``, replacing an earlier arming."""
+        self.cancel(name)
+        loop = asyncio.get_running_loop()
+        self._handles[name] = loop.call_at(at, self._fired, name)
+
+    def cancel(self, name: str) -> None:
+        handle = self._handles.pop(name, None)
+        if handle is not None:
+            handle.cancel()
+
+    def cancel_all(self) -> None:
+        for name in list(self._handles):
+            self.cancel(name)
+
+    def get(self, name: str) -> asyncio.TimerHandle | None:
+        return self._handles.get(name)
+
+    def _fired(self, name: str) -> None:
+        self._handles.pop(name, None)
+        self._fire(name)
+
+
+def settle(f: asyncio.Future[None]) -> None:
+    """Wake whoever awaits ``f`` (once)."""
+    if not f.done():
+        f.set_result(None)
