@@ -23,13 +23,13 @@ import pytest
 from scripted import Call, Generate, ScriptedEngine, armed_timers, quiesce
 from stalebound.config import RolloutConfig
 from stalebound.core import BufferPolicy, ConfigError, ProtocolError
+from stalebound.core import settings as settings_module
 from stalebound.runtime import (
     RolloutError,
     StalenessManager,
     Trajectory,
     WorkflowExecutor,
 )
-from stalebound.core import settings as settings_module
 
 
 def make(engine: Any, manager: StalenessManager | None = None, **settings: Any) -> WorkflowExecutor:

@@ -98,7 +98,8 @@ class BufferStatistics:
     version: int
     batch_size: int
     buffer_size: int
-    staleness_bound: int
+    staleness: int
+    """The bound: a group of version V is trained at V + staleness at the latest."""
     reserved: int
     """Groups RESERVED now."""
     occupied: int
@@ -120,6 +121,11 @@ class BufferStatistics:
     buffer_states: Mapping[int, BufferState]
     staleness_histogram: Mapping[int, int]
     """Consumed groups by staleness (buffer version − group version)."""
+
+    @property
+    def staleness_bound(self) -> int:
+        """The bound under its earlier name (kept so existing readers keep working)."""
+        return self.staleness
 
     @property
     def filtered(self) -> int:
@@ -537,7 +543,7 @@ class StalenessBuffer:
             version=self._v,
             batch_size=self.batch_size,
             buffer_size=self.buffer_size,
-            staleness_bound=self.staleness,
+            staleness=self.staleness,
             reserved=self._reserved,
             occupied=len(self._groups) - self._reserved,
             capacity=self.capacity(),
@@ -651,11 +657,11 @@ class StalenessBuffer:
 
     def _restore_group(self, item: Mapping[str, Any]) -> None:
         gid, version, bv = item["group_id"], int(item["version"]), int(item["buffer"])
-        v, eta = self._v, self.staleness
-        if gid in self._groups or not (v <= bv <= version + eta) or version > v:
+        v, bound = self._v, self.staleness
+        if gid in self._groups or not (v <= bv <= version + bound) or version > v:
             raise ProtocolError(
                 f"restore(): group {gid!r} (version {version}) cannot sit in buffer {bv} at "
-                f"version {v} with staleness {eta}, or appears twice; the snapshot is damaged"
+                f"version {v} with staleness {bound}, or appears twice; the snapshot is damaged"
             )
         g = _Entry(gid, version, bv)
         buf = self._buffers.setdefault(bv, _Buffer())
@@ -670,7 +676,7 @@ class StalenessBuffer:
 
     def check_invariants(self) -> None:
         """Raise :class:`InvariantError` if the internal state is inconsistent (used by tests)."""
-        v, eta = self._v, self.staleness
+        v, bound = self._v, self.staleness
         seen = 0
         all_seqs = [g.seq for buf in self._buffers.values() for g in buf.occupied]
         if len(set(all_seqs)) != len(all_seqs) or any(s >= self._next_seq for s in all_seqs):
@@ -679,8 +685,8 @@ class StalenessBuffer:
                 f"{self._next_seq}; each occupied entry has its own number below it"
             )
         for bv, buf in self._buffers.items():
-            if not v <= bv <= v + eta:
-                raise InvariantError(f"buffer {bv} outside the window [{v}, {v + eta}]")
+            if not v <= bv <= v + bound:
+                raise InvariantError(f"buffer {bv} outside the window [{v}, {v + bound}]")
             if len(buf.reserved) + len(buf.occupied) > self.buffer_size:
                 raise InvariantError(f"buffer {bv} holds more than {self.buffer_size} entries")
             seqs = [g.seq for g in buf.occupied]
@@ -689,7 +695,7 @@ class StalenessBuffer:
             for g in [*buf.reserved.values(), *buf.occupied]:
                 if self._groups.get(g.group_id) is not g or g.buffer != bv:
                     raise InvariantError(f"group {g.group_id!r} misfiled in buffer {bv}")
-                if bv > g.version + eta:
+                if bv > g.version + bound:
                     raise InvariantError(f"group {g.group_id!r} (version {g.version}) in {bv}")
             seen += len(buf.reserved) + len(buf.occupied)
         reserved = sum(len(buf.reserved) for buf in self._buffers.values())

@@ -46,7 +46,7 @@ class CapacityCounter:
             raise ConfigError(problems)
         self.max_concurrent_rollouts = max_concurrent_rollouts
         self.consumer_batch_size = consumer_batch_size
-        self.max_staleness = max_staleness
+        self.staleness = max_staleness  # AReaL's name stops at this constructor's keyword
         self.stat = RolloutStat()
 
     def capacity(self, version: int) -> int:
@@ -55,14 +55,14 @@ class CapacityCounter:
             raise ProtocolError(f"capacity({version!r}): the version must be an int ≥ 0")
         s = self.stat
         concurrency = max(1, self.max_concurrent_rollouts) - s.running
-        staleness = (self.max_staleness + version + 1) * max(1, self.consumer_batch_size) - (
+        staleness = (self.staleness + version + 1) * max(1, self.consumer_batch_size) - (
             s.accepted + s.running
         )
         return min(concurrency, staleness)
 
     def pending_limit(self) -> int:
         """The most rollouts that may wait in the input queue: ``(η + 1)·B``."""
-        return (self.max_staleness + 1) * self.consumer_batch_size
+        return (self.staleness + 1) * self.consumer_batch_size
 
     def enqueued(self) -> None:
         self.stat.enqueued += 1

@@ -50,7 +50,8 @@ class PolicyStatistics:
 
     policy: str
     version: int
-    staleness_bound: int
+    staleness: int
+    """The bound (the capacity policy bounds it in aggregate only)."""
     running: int
     """Groups admitted and not yet completed, aborted or cancelled."""
     waiting: int
@@ -64,6 +65,11 @@ class PolicyStatistics:
     staleness_histogram: Mapping[int, int]
     violations: int
     """Consumed groups staler than the bound (always 0 for the buffer policy)."""
+
+    @property
+    def staleness_bound(self) -> int:
+        """The bound under its earlier name (kept so existing readers keep working)."""
+        return self.staleness
 
 
 class StalenessPolicy(Protocol):
@@ -212,7 +218,7 @@ class BufferPolicy:
         return PolicyStatistics(
             policy=self.name,
             version=s.version,
-            staleness_bound=s.staleness_bound,
+            staleness=s.staleness,
             running=s.reserved,
             waiting=s.occupied,
             admitted=s.reserved_total,
@@ -221,7 +227,7 @@ class BufferPolicy:
             aborted=s.aborted,
             dropped=s.dropped,
             staleness_histogram=s.staleness_histogram,
-            violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness_bound),
+            violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness),
         )
 
     def snapshot(self) -> dict[str, Any]:
@@ -306,7 +312,7 @@ class CapacityPolicy:
 
     @property
     def staleness(self) -> int:
-        return self.counter.max_staleness
+        return self.counter.staleness
 
     @property
     def batch_size(self) -> int:
@@ -363,7 +369,7 @@ class CapacityPolicy:
         del self._running[group_id]
         self._completed += 1
         group = ConsumedGroup(group_id, V, payload)
-        if self.drop_stale and self._v - V > self.counter.max_staleness:
+        if self.drop_stale and self._v - V > self.counter.staleness:
             self.counter.rejected()
             self._drop(group)
             return False
@@ -400,9 +406,9 @@ class CapacityPolicy:
         self._consumed += len(groups)
         self._v = v + 1
         if self.drop_stale:  # what would be staler than η at the next step can never be trained
-            keep = [g for g in self._done if self._v - g.version <= self.counter.max_staleness]
+            keep = [g for g in self._done if self._v - g.version <= self.counter.staleness]
             for g in self._done:
-                if self._v - g.version > self.counter.max_staleness:
+                if self._v - g.version > self.counter.staleness:
                     self._done_ids.discard(g.group_id)
                     self._drop(g)
             self._done = deque(keep)
@@ -421,11 +427,11 @@ class CapacityPolicy:
             return False
 
     def statistics(self) -> PolicyStatistics:
-        eta = self.counter.max_staleness
+        bound = self.counter.staleness
         return PolicyStatistics(
             policy=self.name,
             version=self._v,
-            staleness_bound=eta,
+            staleness=bound,
             running=len(self._running),
             waiting=len(self._done),
             admitted=self._admitted,
@@ -434,7 +440,7 @@ class CapacityPolicy:
             aborted=MappingProxyType(dict(self._aborted)),
             dropped=self._dropped,
             staleness_histogram=MappingProxyType(dict(sorted(self._histogram.items()))),
-            violations=sum(n for k, n in self._histogram.items() if k > eta),
+            violations=sum(n for k, n in self._histogram.items() if k > bound),
         )
 
     def snapshot(self) -> dict[str, Any]:
@@ -445,7 +451,7 @@ class CapacityPolicy:
             "policy": self.name,
             "max_concurrent_rollouts": c.max_concurrent_rollouts,
             "consumer_batch_size": c.consumer_batch_size,
-            "max_staleness": c.max_staleness,
+            "max_staleness": c.staleness,  # the checkpoint's key (format kept)
             "version": self._v,
             "stat": dict(vars(c.stat)),
             "running": [[gid, v] for gid, v in self._running.items()],
@@ -468,7 +474,7 @@ class CapacityPolicy:
             limits = {
                 "max_concurrent_rollouts": c.max_concurrent_rollouts,
                 "consumer_batch_size": c.consumer_batch_size,
-                "max_staleness": c.max_staleness,
+                "max_staleness": c.staleness,
             }
             changed = [
                 f"{k}: {snapshot[k]!r} → {v!r}" for k, v in limits.items() if snapshot[k] != v

@@ -84,6 +84,13 @@ def _seconds(name: str, value: object, problems: list[str], why: str) -> None:
         problems.append(f"rollout.{name}={value!r}: must be a number of seconds > 0{why}")
 
 
+def _bound(config: Any) -> tuple[str, Any]:
+    """The bound and the name the config section spells it with: ``staleness`` when the section
+    has it, else AReaL's ``max_head_offpolicyness`` (read here, at the edge, only)."""
+    name = "staleness" if hasattr(config, "staleness") else "max_head_offpolicyness"
+    return name, getattr(config, name)
+
+
 def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
     """The per-rank settings from a rollout config section; every problem is reported at once."""
     problems: list[str] = []
@@ -97,9 +104,9 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
             f"rollout.staleness_policy={policy!r}: must be 'buffer' (per-trajectory bound) or "
             "'capacity' (AReaL's aggregate bound)"
         )
-    staleness = config.max_head_offpolicyness
+    spelled, staleness = _bound(config)
     if not is_int(staleness) or staleness < 0:
-        problems.append(f"rollout.max_head_offpolicyness={staleness!r}: must be an integer ≥ 0")
+        problems.append(f"rollout.{spelled}={staleness!r}: must be an integer ≥ 0")
         staleness = 0
     batch = _per_rank("consumer_batch_size", config.consumer_batch_size, dp, problems)
     buffer_size = (

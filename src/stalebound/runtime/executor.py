@@ -172,7 +172,7 @@ class WorkflowExecutor(LoopThread):
             with manager.lock:
                 policy = build_policy(s, start, counter=manager.counter)
             # the manager's limits are the policy's: report what is actually enforced
-            s = replace(s, batch_size=policy.batch_size, staleness=manager.max_staleness)
+            s = replace(s, batch_size=policy.batch_size, staleness=policy.staleness)
             coord = Coordinator(policy, s, guard=manager.lock)
         self._settings, self._coord = s, coord
         self._start_thread("stalebound-executor")
