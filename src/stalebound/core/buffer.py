@@ -26,7 +26,13 @@ from typing import Any, NamedTuple
 
 from stalebound.core.checks import check_version, is_int
 from stalebound.core.errors import ConfigError, InvariantError, ProtocolError, StaleboundError
-from stalebound.core.transitions import ENTRY_TRANSITIONS, EntryOp, EntryState, move
+from stalebound.core.transitions import (
+    ENTRY_TRANSITIONS,
+    EntryOp,
+    EntryState,
+    compile_table,
+    move,
+)
 
 __all__ = [
     "BufferState",
@@ -166,6 +172,28 @@ class _WindowStates(Mapping[int, BufferState]):
         return f"<buffers {self._v}…{self._top}: {self._held} held, the rest PENDING>"
 
 
+# The entry transition table compiled to indices: an entry's state is an index into _STATES and
+# every move is one lookup in _NEXT (no enum hashing on the hot paths).
+_STATES = tuple(EntryState)
+_OPS = tuple(EntryOp)
+_NEXT = compile_table(ENTRY_TRANSITIONS, _STATES, _OPS)
+_EMPTY, _RESERVED, _OCCUPIED = (_STATES.index(s) for s in EntryState)
+(_RESERVE, _OCCUPY, _ABORT, _SURPLUS, _CONSUME, _DROP, _REPLACE, _PULL_FORWARD, _DEFER) = (
+    _OPS.index(o)
+    for o in (
+        EntryOp.RESERVE,
+        EntryOp.OCCUPY,
+        EntryOp.ABORT,
+        EntryOp.SURPLUS,
+        EntryOp.CONSUME,
+        EntryOp.DROP,
+        EntryOp.REPLACE,
+        EntryOp.PULL_FORWARD,
+        EntryOp.DEFER,
+    )
+)
+
+
 class _Entry:
     """The entry of one group in flight. ``buffer`` is where it is; ``seq`` is its occupy order.
     ``state`` changes only through :meth:`StalenessBuffer._move` (the transition table)."""
@@ -176,13 +204,13 @@ class _Entry:
         self.group_id = group_id
         self.version = version
         self.buffer = buffer
-        self.state = EntryState.EMPTY
+        self.state = _EMPTY  # an index into _STATES
         self.seq = -1
         self.payload: Any = None
 
     @property
     def occupied(self) -> bool:
-        return self.state is EntryState.OCCUPIED
+        return self.state == _OCCUPIED
 
 
 def _by_seq(g: _Entry) -> int:
@@ -274,7 +302,7 @@ class StalenessBuffer:
             return None
         if g is None:
             return None
-        return (g.state, g.buffer, g.version)
+        return (_STATES[g.state], g.buffer, g.version)
 
     def state(self, buffer_version: int) -> BufferState:
         """The state of buffer ``buffer_version`` (one of ``v … v + η``)."""
@@ -369,7 +397,7 @@ class StalenessBuffer:
                 return None
             b, buf = found
         g = _Entry(group_id, V, b)
-        self._move(g, EntryOp.RESERVE)
+        self._move(g, _RESERVE)
         buf.reserved[group_id] = g
         groups[group_id] = g
         return Reservation(group_id, V, b)
@@ -401,7 +429,7 @@ class StalenessBuffer:
             g = self._groups.get(group_id)
         except TypeError:
             g = None
-        if g is None or g.occupied:
+        if g is None or g.state == _OCCUPIED:
             g = self._reserved_group("occupy", group_id)  # raises the precise error
         v = self._v
         try:
@@ -437,7 +465,7 @@ class StalenessBuffer:
         self._next_seq = seq + 1
         g.seq = seq
         g.payload = payload
-        self._move(g, EntryOp.OCCUPY)
+        self._move(g, _OCCUPY)
         g.buffer = b
         buffers[b].occupied.append(g)  # the newest seq: the list stays in occupy order
         self._occupied_total += 1
@@ -456,7 +484,7 @@ class StalenessBuffer:
             buf.occupied.remove(g)
         else:
             del buf.reserved[group_id]
-        self._move(g, EntryOp.ABORT)
+        self._move(g, _ABORT)
         del self._groups[group_id]
         self._aborted[cause] += 1
 
@@ -484,11 +512,11 @@ class StalenessBuffer:
         hist = self._histogram
         move_entry = self._move
         for g in taken:
-            move_entry(g, EntryOp.CONSUME)
+            move_entry(g, _CONSUME)
             del groups[g.group_id]
             hist[v - g.version] += 1
         for gid in surplus:
-            move_entry(groups.pop(gid), EntryOp.SURPLUS)
+            move_entry(groups.pop(gid), _SURPLUS)
         del self._buffers[v]
         self._v = v + 1
         self._consumed_groups += len(taken)
@@ -497,7 +525,7 @@ class StalenessBuffer:
             self._aborted["surplus"] += len(surplus)
         dropped = [g for g in extra if not self._replace(g)]
         for g in dropped:
-            move_entry(g, EntryOp.DROP)
+            move_entry(g, _DROP)
             del groups[g.group_id]
         self._dropped += len(dropped)
         return ConsumedBatch(
@@ -527,7 +555,7 @@ class StalenessBuffer:
             src = self._buffers.get(bv)
             while src and src.occupied and self._accepts(dst):
                 g = src.occupied.pop(0)
-                self._move(g, EntryOp.PULL_FORWARD)
+                self._move(g, _PULL_FORWARD)
                 g.buffer = target
                 insort(dst.occupied, g, key=_by_seq)
                 moved.append(g.group_id)
@@ -665,10 +693,10 @@ class StalenessBuffer:
             )
         g = _Entry(gid, version, bv)
         buf = self._buffers.setdefault(bv, _Buffer())
-        self._move(g, EntryOp.RESERVE)
+        self._move(g, _RESERVE)
         if "seq" in item:
             g.seq, g.payload = int(item["seq"]), item.get("payload")
-            self._move(g, EntryOp.OCCUPY)
+            self._move(g, _OCCUPY)
             insort(buf.occupied, g, key=_by_seq)
         else:
             buf.reserved[gid] = g
@@ -706,15 +734,17 @@ class StalenessBuffer:
 
     # --------------------------------------------------------------- helpers
 
-    def _move(self, g: _Entry, op: EntryOp, error: type[StaleboundError] = InvariantError) -> None:
-        """The one place an entry's state changes: looked up in the transition table."""
+    def _move(self, g: _Entry, op: int, error: type[StaleboundError] = InvariantError) -> None:
+        """The one place an entry's state changes: looked up in the transition table (compiled
+        to indices, ``op`` an index into ``_OPS``); a move not in it raises ``error``."""
         old = g.state
-        new = move(ENTRY_TRANSITIONS, old, op, g.group_id, error=error)
-        if old is not new:
-            if old is EntryState.RESERVED:
-                self._reserved -= 1
-            elif new is EntryState.RESERVED:
-                self._reserved += 1
+        new = _NEXT[old][op]
+        if new < 0:
+            move(ENTRY_TRANSITIONS, _STATES[old], _OPS[op], g.group_id, error=error)
+        if old == _RESERVED:
+            self._reserved -= 1
+        elif new == _RESERVED:
+            self._reserved += 1
         g.state = new
 
     def _reserved_total(self) -> int:
@@ -757,7 +787,7 @@ class StalenessBuffer:
         b = self._find_place(g.version + self.staleness)
         if b is None:
             return False
-        self._move(g, EntryOp.REPLACE)
+        self._move(g, _REPLACE)
         g.buffer = b
         insort(self._buffers[b].occupied, g, key=_by_seq)
         self._replaced += 1

@@ -22,7 +22,7 @@ Group (the coordinator's view of one admitted item)::
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TypeVar
 
@@ -35,6 +35,7 @@ __all__ = [
     "EntryState",
     "GroupOp",
     "GroupState",
+    "compile_table",
     "describe",
     "move",
 ]
@@ -151,6 +152,16 @@ def move(
             f"{op.value} of {subject!r}: not allowed from {getattr(state, 'name', state)} "
             f"(allowed from there: {', '.join(allowed) or 'nothing, it has ended'})"
         ) from None
+
+
+def compile_table(
+    table: Mapping[tuple[_S, _Op], _S], states: Sequence[_S], ops: Sequence[_Op]
+) -> tuple[tuple[int, ...], ...]:
+    """The same table as rows by state index and columns by operation index, each cell the next
+    state's index or −1 (not allowed): hot paths look moves up without hashing enums."""
+    return tuple(
+        tuple(states.index(table[(s, o)]) if (s, o) in table else -1 for o in ops) for s in states
+    )
 
 
 def describe(table: Mapping[tuple[enum.Enum, enum.Enum], enum.Enum]) -> str:
