@@ -41,7 +41,7 @@ from types import MappingProxyType
 from typing import Any, Protocol, cast, runtime_checkable
 
 from stalebound.core.buffer import BufferState, StalenessBuffer
-from stalebound.core.errors import ConfigError, InvariantError, ProtocolError
+from stalebound.core.errors import ConfigError, InvariantError, ProtocolError, StaleboundError
 from stalebound.core.events import (
     STUCK_TIMER,
     WATCHDOG_TIMER,
@@ -86,7 +86,13 @@ from stalebound.core.filters import (
 from stalebound.core.groups import GroupComplete, GroupTracker, MemberId, Relaunch
 from stalebound.core.policy import BufferPolicy, PolicyStatistics, StalenessPolicy
 from stalebound.core.settings import CoordinatorSettings
-from stalebound.core.transitions import GROUP_TRANSITIONS, GroupOp, GroupState, move
+from stalebound.core.transitions import (
+    GROUP_TRANSITIONS,
+    GroupOp,
+    GroupState,
+    compile_table,
+    move,
+)
 
 __all__ = [
     "GROUP_TRANSITIONS",
@@ -178,6 +184,55 @@ class CoordinatorCounts:
         }
 
 
+# The group transition table compiled to indices (the hot paths look moves up without hashing
+# enums); _life holds each group's state as an index into _GROUP_STATES.
+_GROUP_STATES = tuple(GroupState)
+_GROUP_OPS = tuple(GroupOp)
+_GROUP_NEXT = compile_table(GROUP_TRANSITIONS, _GROUP_STATES, _GROUP_OPS)
+_QUEUED, _COMPLETED = (
+    _GROUP_STATES.index(GroupState.QUEUED),
+    _GROUP_STATES.index(GroupState.COMPLETED),
+)
+(
+    _ADMIT,
+    _COMPLETE,
+    _CONSUME,
+    _FAIL,
+    _FILTER,
+    _RETRY,
+    _SURPLUS,
+    _DROP,
+    _STOP,
+    _SHUTDOWN,
+    _DEADLINE,
+) = (
+    _GROUP_OPS.index(GroupOp[name])
+    for name in (
+        "ADMIT",
+        "COMPLETE",
+        "CONSUME",
+        "FAIL",
+        "FILTER",
+        "RETRY",
+        "SURPLUS",
+        "DROP",
+        "STOP",
+        "SHUTDOWN",
+        "DEADLINE",
+    )
+)
+
+
+def _group_move(
+    state: int, op: int, gid: Hashable, error: type[StaleboundError] = ProtocolError
+) -> int:
+    """A group's next state (indices); a move not in GROUP_TRANSITIONS raises ``error``."""
+    new = _GROUP_NEXT[state][op]
+    if new < 0:
+        move(GROUP_TRANSITIONS, _GROUP_STATES[state], _GROUP_OPS[op], gid, error=error)
+    return new
+
+
 class _GroupRun:
     """A group the coordinator admitted and has not yet handed to the policy (or settled)."""
 
@@ -246,7 +301,7 @@ class Coordinator:
         )
         self._queue: deque[tuple[int, Accept | None, int]] = deque()  # (sample, accept, retries)
         self._groups: dict[int, _GroupRun] = {}  # running, in admission order
-        self._life: dict[int, GroupState] = {}  # running and completed groups
+        self._life: dict[int, int] = {}  # running and completed groups: state indices
         self._sample_of: dict[int, int] = {}  # group id → sample index, until it ends
         self._next_gid = 0
         self._running_members = 0
@@ -283,12 +338,13 @@ class Coordinator:
 
     def handle(self, event: Event) -> list[Action]:
         """Take one event; return what the driver must do, in order."""
-        handler = self._handlers.get(type(event))
-        if handler is None:
+        try:
+            handler = self._handlers[type(event)]
+        except KeyError:
             raise ProtocolError(
                 f"handle({event!r}): not a coordinator event; pass one of the event types of "
                 "stalebound.core.events"
-            )
+            ) from None
         return handler(event)
 
     # ------------------------------------------------------------------ read-only queries
@@ -406,7 +462,7 @@ class Coordinator:
         out: list[Action],
     ) -> None:
         self._groups[gid] = _GroupRun(gid, sample, accept, retries, version, now)
-        self._life[gid] = move(GROUP_TRANSITIONS, GroupState.QUEUED, GroupOp.ADMIT, gid)
+        self._life[gid] = _group_move(_QUEUED, _ADMIT, gid)
         self._sample_of[gid] = sample
         if self._stragglers is not None:
             self._stragglers.reserved(gid)
@@ -429,14 +485,14 @@ class Coordinator:
         return self._on_progress(cast(MemberProgress, ev))
 
     def _on_progress(self, ev: MemberProgress) -> list[Action]:
-        g = self._groups.get(cast(int, ev.member[0]))
+        g = self._groups.get(ev.member[0])  # type: ignore[call-overload]
         if g is not None:
             g.progress = ev.now
         return []
 
     def _on_finished(self, ev: MemberFinished) -> list[Action]:
         member = ev.member
-        g = self._groups.get(cast(int, member[0]))
+        g = self._groups.get(member[0])  # type: ignore[call-overload]
         if g is None:
             raise ProtocolError(
                 f"MemberFinished(member={member!r}): no such group running (never started, or "
@@ -512,7 +568,7 @@ class Coordinator:
             try:
                 decision = s.post_process(results, s.metric)
             except ConfigError as e:  # a metric the trajectories lack: no group can pass
-                self._release(gid, GroupOp.FAIL, "failed", now, out)
+                self._release(gid, _FAIL, "failed", now, out)
                 self.counts.failed_groups += 1
                 self._stop(str(e), out)
                 return
@@ -534,7 +590,8 @@ class Coordinator:
             payload = tuple(
                 (r, vs.get(r.member.number), r.member.number in cut) for r in done.members
             )
-            self.counts.truncated_trajectories += sum(1 for _, _, t in payload if t)
+            if truncated is not None:
+                self.counts.truncated_trajectories += sum(1 for _, _, t in payload if t)
         segments = (
             {v for tv in versions.values() for v in tv if v >= 0} if versions is not None else ()
         )
@@ -544,7 +601,7 @@ class Coordinator:
         except ProtocolError as e:  # the engine reported versions outside [V, v]
             self._settle_failed(gid, "bad_versions", f"group {gid}: {e}", now, out)
             return
-        self._life[gid] = move(GROUP_TRANSITIONS, self._life[gid], GroupOp.COMPLETE, gid)
+        self._life[gid] = _group_move(self._life[gid], _COMPLETE, gid)
         if self._stragglers is not None:
             assert self._buffer is not None
             self._stragglers.forget(gid)
@@ -560,7 +617,7 @@ class Coordinator:
                 self._gate.on_rollout_accepted()
         else:  # counted here; the consume that reports it again skips it
             c.dropped_groups += 1
-            self._end(gid, GroupOp.DROP, "dropped", out)
+            self._end(gid, _DROP, "dropped", out)
         out.append(Wake())
         self._check_head(now, out)
 
@@ -570,7 +627,7 @@ class Coordinator:
         c.filtered_groups += 1
         c.discarded_members["filtered"] += members
         c.consecutive_filtered += 1
-        self._release(gid, GroupOp.FILTER, "filtered", now, out)
+        self._release(gid, _FILTER, "filtered", now, out)
         if c.consecutive_filtered >= s.max_filtered:
             post = (
                 f"group_post_process {s.post_process_name!r} on filter_groups.metric={s.metric!r}"
@@ -589,7 +646,7 @@ class Coordinator:
     def _settle_failed(self, gid: int, cause: str, why: str, now: float, out: list[Action]) -> None:
         """The group is out of the tracker: abort its entry and count a failure."""
         c = self.counts
-        self._release(gid, GroupOp.FAIL, cause, now, out)
+        self._release(gid, _FAIL, cause, now, out)
         c.failed_groups += 1
         c.consecutive_failures += 1
         self._recent.append(why)
@@ -601,7 +658,7 @@ class Coordinator:
                 out,
             )
 
-    def _release(self, gid: int, op: GroupOp, cause: str, now: float, out: list[Action]) -> None:
+    def _release(self, gid: int, op: int, cause: str, now: float, out: list[Action]) -> None:
         """Return a group's policy slot (abort), report it, and have capacity looked at again."""
         with self._guard:
             self.policy.abort(gid, cause)
@@ -614,11 +671,11 @@ class Coordinator:
         out.append(Wake())
         self._check_head(now, out)
 
-    def _end(self, gid: int, op: GroupOp, cause: str, out: list[Action]) -> None:
+    def _end(self, gid: int, op: int, cause: str, out: list[Action]) -> None:
         """A group's life ends (through the transition table); report its item if untrained."""
         state = self._life.pop(gid, None)
         if state is not None:
-            move(GROUP_TRANSITIONS, state, op, gid)
+            _group_move(state, op, gid)
         sample = self._sample_of.pop(gid, None)
         if sample is not None and cause not in _NOT_AN_OUTCOME:
             out.append(ReportDrop(gid, sample, cause if cause in OUTCOMES else "failed"))
@@ -662,25 +719,19 @@ class Coordinator:
                 if self._stragglers is not None:
                     self._stragglers.forget(gid)
                 c.surplus_groups += 1
-                self._end(gid, GroupOp.SURPLUS, "surplus", out)
+                self._end(gid, _SURPLUS, "surplus", out)
                 out.append(AbortGroup(gid, "surplus"))
             for gid in batch.dropped:
                 if gid in self._sample_of:  # not counted yet (the capacity policy counts at once)
                     c.dropped_groups += 1
-                    self._end(gid, GroupOp.DROP, "dropped", out)
+                    self._end(gid, _DROP, "dropped", out)
             c.consumed_batches += 1
             samples, life = self._sample_of, self._life
             handed = []
             n = 0
             for g in batch.groups:
                 gid = cast(int, g.group_id)
-                move(
-                    GROUP_TRANSITIONS,
-                    life.pop(gid, GroupState.QUEUED),
-                    GroupOp.CONSUME,
-                    gid,
-                    error=InvariantError,
-                )
+                _group_move(life.pop(gid, _QUEUED), _CONSUME, gid, InvariantError)
                 members: tuple[HandedMember, ...] = g.payload
                 handed.append(HandedGroup(gid, samples.pop(gid, -1), g.version, members))
                 n += len(members)
@@ -711,7 +762,7 @@ class Coordinator:
             elif verdict == "abort":
                 self._unlist(g.gid)
                 self._abort_members(self._tracker.cancel(g.gid), "deadline", out)
-                self._release(g.gid, GroupOp.DEADLINE, "deadline", now, out)
+                self._release(g.gid, _DEADLINE, "deadline", now, out)
             else:
                 raise InvariantError(f"deadline verdict {verdict!r}: not 'truncate' or 'abort'")
 
@@ -787,7 +838,7 @@ class Coordinator:
             self._unlist(g.gid)
             c.discarded_members["retried"] += len(tracker.partial(g.gid))
             self._abort_members(tracker.cancel(g.gid), "retried", out)
-            self._release(g.gid, GroupOp.RETRY, "retried", now, out)
+            self._release(g.gid, _RETRY, "retried", now, out)
             c.retried_groups += 1
             again.append((g.sample, g.accept, g.retries + 1))
             out.append(Retry(g.gid, g.sample, g.retries + 1))
@@ -875,7 +926,7 @@ class Coordinator:
         self._abort_all("stopped", None, out)
 
     def _abort_all(self, cause: str, now: float | None, out: list[Action]) -> None:
-        op = GroupOp.SHUTDOWN if cause == "shutdown" else GroupOp.STOP
+        op = _SHUTDOWN if cause == "shutdown" else _STOP
         for gid in list(self._groups):
             self._unlist(gid)
             self._abort_members(self._tracker.cancel(gid), cause, out)
@@ -952,7 +1003,7 @@ class Coordinator:
         c.resumed_groups += len(running)
         self.counts = c
         self._sample_of = {int(g): int(i) for g, i in samples.items()}
-        self._life = {g: GroupState.COMPLETED for g in self._sample_of}
+        self._life = dict.fromkeys(self._sample_of, _COMPLETED)
         self._next_gid = int(next_group_id)
         for sample, retries in pending:
             self._queue.append((int(sample), accept, int(retries)))

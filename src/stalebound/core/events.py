@@ -16,11 +16,22 @@ so in its docstring); existing fields are not renamed.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, TypeVar
 
 from stalebound.core.groups import MemberId, MemberResult
+
+_F = TypeVar("_F")
+
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:  # only type checkers read it
+
+    def dataclass_transform(**_: Any) -> Callable[[_F], _F]:
+        return lambda f: f
+
 
 __all__ = [
     "STUCK_TIMER",
@@ -59,6 +70,34 @@ __all__ = [
     "Wake",
 ]
 
+_C = TypeVar("_C", bound=type)
+
+
+@dataclass_transform(frozen_default=True)
+def _frozen(cls: _C) -> _C:
+    """``@dataclass(frozen=True, slots=True)``, with an ``__init__`` that fills the slots through
+    their descriptors: a frozen dataclass's own ``__init__`` goes through ``object.__setattr__``
+    per field, which costs more than the rest of a driver's work per event. Same fields, same
+    defaults, same signature."""
+    made: Any = dataclass(frozen=True, slots=True)(cls)
+    namespace: dict[str, Any] = {}
+    params, body = [], []
+    for f in fields(made):
+        namespace[f"_set_{f.name}"] = getattr(made, f.name).__set__
+        if f.default is MISSING:
+            params.append(f.name)
+        else:
+            namespace[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+        body.append(f"    _set_{f.name}(self, {f.name})")
+    source = f"def __init__(self, {', '.join(params)}):\n" + ("\n".join(body) or "    pass")
+    exec(source, namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{made.__qualname__}.__init__"
+    made.__init__ = init
+    return made  # type: ignore[no-any-return]
+
+
 STUCK_TIMER = "stuck"
 """The proactive filter's timer: the head buffer has been STUCK for ``stuck_timeout_s``."""
 WATCHDOG_TIMER = "watchdog"
@@ -67,7 +106,7 @@ WATCHDOG_TIMER = "watchdog"
 # ----------------------------------------------------------------------------------- events
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class Submitted:
     """An item of input is queued for admission (at the back, in intake order).
 
@@ -80,7 +119,7 @@ class Submitted:
     retries: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class Dispatch:
     """Admit queued items now, at generation version ``version`` (``min(engine version, training
     version)``). ``budget`` caps the admissions (an outside gate's capacity; ``None``: no cap)."""
@@ -90,7 +129,7 @@ class Dispatch:
     budget: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class MemberLaunched:
     """The driver started a member's episode (drivers that model start-up time send it; the
     coordinator counts the group's progress from it)."""
@@ -99,7 +138,7 @@ class MemberLaunched:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class MemberProgress:
     """A member's engine answered a request: the group is alive (the watchdog's clock)."""
 
@@ -107,7 +146,7 @@ class MemberProgress:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class MemberFinished:
     """A member's episode returned a trajectory.
 
@@ -123,7 +162,7 @@ class MemberFinished:
     reward: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class MemberFailed:
     """A member's episode ended without a trajectory. ``cause``: ``timeout``, ``rejected`` (it
     returned ``None``), ``cancelled``, ``error:<ExceptionType>`` …; ``version`` is the generation
@@ -136,7 +175,7 @@ class MemberFailed:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class TimerFired:
     """A timer armed by :class:`ArmTimer` fired; ``now`` is when (it may be a clock tick early)."""
 
@@ -144,7 +183,7 @@ class TimerFired:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class BatchWanted:
     """The trainer wants ``groups`` more groups than the driver holds: consume ready batches
     (in version order) until that many have been handed over, or none is ready."""
@@ -153,7 +192,7 @@ class BatchWanted:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class VersionPublished:
     """New weights of ``version`` were published to the engines."""
 
@@ -161,21 +200,21 @@ class VersionPublished:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class Paused:
     """Stop admitting (running groups go on)."""
 
     now: float
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class Resumed:
     """Admit again."""
 
     now: float
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class StopRequested:
     """The driver cannot go on (a bug, a broken data loader): stop for good with ``reason``."""
 
@@ -183,7 +222,7 @@ class StopRequested:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class Shutdown:
     """The driver is closing: cancel everything running (cause ``shutdown``)."""
 
@@ -210,7 +249,7 @@ Event = (
 # ---------------------------------------------------------------------------------- actions
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class StartGroup:
     """Group ``group_id`` was admitted for the item ``sample`` at ``version``; its entry is in
     ``buffer_version`` (``None`` under the capacity policy). Its members follow as
@@ -222,7 +261,7 @@ class StartGroup:
     buffer_version: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class LaunchMember:
     """Start one episode: ``member`` of its group, generated at ``version`` (its V_traj).
     ``relaunch``: it replaces a failed member."""
@@ -232,7 +271,7 @@ class LaunchMember:
     relaunch: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class AbortRequest:
     """Stop a running member for ``cause`` (``surplus``, ``retried``, ``abandoned``, ``stopped``,
     ``shutdown``, ``deadline``): abort its engine requests, then cancel it. The coordinator has
@@ -242,7 +281,7 @@ class AbortRequest:
     cause: str
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class TruncateMember:
     """Cut a member short but keep its output: abort its engine requests so the episode returns
     what it has (marked truncated). ``cause``: ``truncated`` (the proactive filter) or
@@ -252,7 +291,7 @@ class TruncateMember:
     cause: str = "truncated"
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class AbortGroup:
     """A group left the policy without being trained (``cause``); its members still running, if
     any, come as :class:`AbortRequest` actions just before. Informational for most drivers."""
@@ -261,7 +300,7 @@ class AbortGroup:
     cause: str
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class Retry:
     """The proactive filter aborted the group; its item ``sample`` is queued again first in line
     (its ``retries``-th retry) and will start as a new group at a new version."""
@@ -271,7 +310,7 @@ class Retry:
     retries: int
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class ArmTimer:
     """Arrange a :class:`TimerFired` for ``timer`` at time ``at`` (replacing an earlier one)."""
 
@@ -279,7 +318,7 @@ class ArmTimer:
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class CancelTimer:
     """Disarm ``timer`` if armed."""
 
@@ -292,7 +331,7 @@ reported) and whether it was truncated. A plain tuple: it is also the payload th
 and checkpoints hold."""
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class HandedGroup:
     """A consumed group: id, item, version V, and its N members in finish order."""
 
@@ -302,7 +341,7 @@ class HandedGroup:
     members: tuple[HandedMember, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class HandOverBatch:
     """Buffer ``version`` was consumed: hand ``groups`` to the trainer, in order."""
 
@@ -310,7 +349,7 @@ class HandOverBatch:
     groups: tuple[HandedGroup, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class ReportDrop:
     """The item ``sample`` ended untrained: ``outcome`` ∈ ``filtered``, ``failed``, ``dropped``,
     ``surplus``, ``stopped``. Every item taken in ends trained or reported here, once."""
@@ -320,7 +359,7 @@ class ReportDrop:
     outcome: str
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class ReportFailure:
     """A group failed (``why`` says how); log it."""
 
@@ -328,7 +367,7 @@ class ReportFailure:
     why: str
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class ReportStall:
     """The watchdog: group ``group_id`` (V = ``version``) produced nothing for ``silent_for``
     seconds; ``members`` are the member numbers still running."""
@@ -340,13 +379,13 @@ class ReportStall:
     members: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class Wake:
     """Capacity or results may have changed: run a :class:`Dispatch` soon and wake any trainer
     waiting for a batch."""
 
 
-@dataclass(frozen=True, slots=True)
+@_frozen
 class Stop:
     """Stopped for good (``reason``): every running group has been aborted; a waiting trainer
     gets the error from now on."""

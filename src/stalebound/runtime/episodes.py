@@ -104,19 +104,24 @@ def need_workflow(op: str, workflow: Any) -> None:
 
 
 def outcome_event(
-    m: MemberTask, result: Any, failure: BaseException | str | None, now: float, version: int
+    m: MemberTask,
+    result: Any,
+    failure: BaseException | str | None,
+    now: float,
+    version: Callable[[], int],
 ) -> ev.MemberFinished | ev.MemberFailed:
     """The coordinator's event for an episode that ended by itself: finished with a trajectory,
     or failed (``rejected`` when it returned ``None``, the cause given, or ``error:<Type>``).
-    ``version`` is the generation version now (a relaunch starts at it)."""
-    if failure is None and result is not None:
-        return ev.MemberFinished(m.mid, now, result, token_versions(result))
+    ``version()`` is the generation version now (a relaunch starts at it)."""
     if failure is None:
-        return ev.MemberFailed(m.mid, now, "rejected", version)
+        if result is not None:
+            return ev.MemberFinished(m.mid, now, result, token_versions(result))
+        return ev.MemberFailed(m.mid, now, "rejected", version())
     if isinstance(failure, str):
-        return ev.MemberFailed(m.mid, now, failure, version)
+        return ev.MemberFailed(m.mid, now, failure, version())
     logger.debug("episode %s failed: %r", m.mid, failure, exc_info=failure)
-    return ev.MemberFailed(m.mid, now, f"error:{type(failure).__name__}", version, repr(failure))
+    cause = f"error:{type(failure).__name__}"
+    return ev.MemberFailed(m.mid, now, cause, version(), repr(failure))
 
 
 def request_id(request: Any) -> Any:
@@ -362,7 +367,8 @@ class Episodes:
         if deadlines is not None:
             deadlines.watch(group, key)
 
-    def launch(self, mid: MemberId, relaunch: bool) -> None:
+    def launch(self, a: ev.LaunchMember) -> None:
+        mid, relaunch = a.member, a.relaunch
         group = self.groups[mid.group_id]
         key = group.start_key
         if relaunch and self.deadlines is not None:
@@ -379,9 +385,10 @@ class Episodes:
             return
         m.task = self.loop.create_task(self._run(m))
 
-    def stop(self, mid: MemberId, cause: str) -> None:
+    def stop(self, a: ev.AbortRequest) -> None:
         """Stop a member on purpose: abort its engine requests (their partial outputs are counted
         as wasted), then cancel its task; at shutdown cancel the task at once."""
+        mid, cause = a.member, a.cause
         group = self.groups.get(mid.group_id)
         m = group.members.pop(mid.number, None) if group is not None else None
         if m is None:
@@ -395,7 +402,8 @@ class Episodes:
             m.task.cancel()
         self.forget_if_idle(m.group)
 
-    def truncate(self, mid: MemberId, cause: str) -> None:
+    def truncate(self, a: ev.TruncateMember) -> None:
+        mid, cause = a.member, a.cause
         group = self.groups.get(mid.group_id)
         m = group.members.get(mid.number) if group is not None else None
         if m is not None:
@@ -431,13 +439,19 @@ class Episodes:
             if m.cause is None:
                 self._ended(m, None, e)
         else:
-            if m.cause is None:
-                self._ended(m, result, None)
+            if m.cause is None:  # _ended, inlined: this is the path of every trajectory
+                group = m.group
+                del group.members[m.mid.number]
+                self.ended(m, result, None)
+                if not group.members:
+                    self.forget_if_idle(group)
 
     def _ended(self, m: MemberTask, result: Any, failure: BaseException | str | None) -> None:
-        del m.group.members[m.mid.number]
+        group = m.group
+        del group.members[m.mid.number]
         self.ended(m, result, failure)
-        self.forget_if_idle(m.group)
+        if not group.members:
+            self.forget_if_idle(group)
 
     def _early_failure(self, m: MemberTask, exc: Exception) -> None:
         if m.cause is None:  # not stopped with its group meanwhile

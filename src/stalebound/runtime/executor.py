@@ -49,6 +49,7 @@ from stalebound.runtime.episodes import (
     WorkflowProtocol,
     need_workflow,
     outcome_event,
+    token_versions,
 )
 from stalebound.runtime.loop import LoopThread, NamedTimers, settle
 from stalebound.runtime.results import ExecutorStatistics, RolloutError, Trajectory
@@ -123,9 +124,6 @@ class WorkflowExecutor(LoopThread):
         self._episodes: Episodes  # built on the loop thread, when it starts
         self._carry_out: dict[type, Callable[[Any], None]] = {
             ev.StartGroup: self._start_group,
-            ev.LaunchMember: lambda a: self._episodes.launch(a.member, a.relaunch),
-            ev.AbortRequest: lambda a: self._episodes.stop(a.member, a.cause),
-            ev.TruncateMember: lambda a: self._episodes.truncate(a.member, a.cause),
             ev.AbortGroup: self._report,
             ev.Retry: self._report,
             ev.ArmTimer: lambda a: self._timers.arm(a.timer, a.at),
@@ -184,12 +182,6 @@ class WorkflowExecutor(LoopThread):
             return
         self._closed = True
         self._stop_thread(self._shutdown())
-
-    def __enter__(self) -> WorkflowExecutor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()
 
     # ------------------------------------------------------------------ versions
 
@@ -303,11 +295,11 @@ class WorkflowExecutor(LoopThread):
 
     def pause(self) -> None:
         """Stop admitting new groups (running ones go on). Returns once no admission can follow."""
-        self._call(self._event_now, ev.Paused)
+        self._call(lambda: self._handle(ev.Paused(self._now())))
 
     def resume(self) -> None:
         """Admit again; wakes the dispatcher."""
-        self._call(self._event_now, ev.Resumed)
+        self._call(lambda: self._handle(ev.Resumed(self._now())))
 
     @property
     def paused(self) -> bool:
@@ -387,36 +379,41 @@ class WorkflowExecutor(LoopThread):
 
     def _loop_started(self, loop: asyncio.AbstractEventLoop) -> None:
         timeout = self._settings.request_timeout if self._settings else None
-        self._episodes = Episodes(
+        episodes = self._episodes = Episodes(
             loop, self.inference_engine, self._member_ended, self._progressed, timeout
         )
+        self._carry_out[ev.LaunchMember] = episodes.launch
+        self._carry_out[ev.AbortRequest] = episodes.stop
+        self._carry_out[ev.TruncateMember] = episodes.truncate
 
     # ------------------------------------------------------------------ events in
 
     def _handle(self, event: ev.Event) -> None:
         """Hand one event to the coordinator and carry out its actions, in order."""
-        assert self._coord is not None
-        actions = self._coord.handle(event)
+        actions = self._coord.handle(event)  # type: ignore[union-attr]
         if self.action_log is not None:
             self.action_log(event, actions)
-        carry_out = self._carry_out
-        for action in actions:
-            carry_out[type(action)](action)
+        if actions:
+            carry_out = self._carry_out
+            for action in actions:
+                carry_out[type(action)](action)
 
     def _now(self) -> float:
         assert self._loop is not None
         return self._loop.time()
 
-    def _event_now(self, kind: Callable[[float], ev.Event]) -> None:
-        self._handle(kind(self._now()))
-
-    def _guarded(self, what: str, event: ev.Event) -> None:
-        """Handle an event from a callback; a failure stops the executor loudly."""
+    def _guarded(self, event: ev.Event, what: str, arg: object) -> None:
+        """:meth:`_handle` (inlined: every trajectory takes this path) from a callback; a failure
+        stops the executor loudly, naming ``what % arg``."""
         try:
-            self._handle(event)
+            actions = self._coord.handle(event)  # type: ignore[union-attr]
+            if self.action_log is not None:
+                self.action_log(event, actions)
+            for action in actions:
+                self._carry_out[type(action)](action)
         except Exception as e:
-            logger.exception("%s failed", what)
-            self._handle(ev.StopRequested(f"{what} failed: {e!r}", self._now()))
+            logger.exception("%s failed", what % arg)
+            self._handle(ev.StopRequested(f"{what % arg} failed: {e!r}", self._now()))
 
     async def _dispatch_forever(self) -> None:
         wake = self._wake
@@ -476,14 +473,19 @@ class WorkflowExecutor(LoopThread):
         self, m: MemberTask, result: Any, failure: BaseException | str | None
     ) -> None:
         """An episode ended by itself (or timed out): tell the coordinator."""
-        event = outcome_event(m, result, failure, self._now(), self.get_version())
-        self._guarded(f"handling the outcome of {m.mid}", event)
+        now = self._loop.time()  # type: ignore[union-attr]
+        event: ev.Event
+        if failure is None and result is not None:  # the common case, without a call
+            event = ev.MemberFinished(m.mid, now, result, token_versions(result))
+        else:
+            event = outcome_event(m, result, failure, now, self.get_version)
+        self._guarded(event, "handling the outcome of %s", m.mid)
 
     def _progressed(self, member: MemberId) -> None:
         self._handle(ev.MemberProgress(member, self._now()))
 
     def _timer_fired(self, timer: str) -> None:
-        self._guarded(f"the {timer} timer", ev.TimerFired(timer, self._now()))
+        self._guarded(ev.TimerFired(timer, self._now()), "the %s timer", timer)
 
     # ------------------------------------------------------------------ actions out
 

@@ -20,6 +20,7 @@ from stalebound.core import ProtocolError
 __all__ = ["LoopThread", "NamedTimers", "settle"]
 
 _T = TypeVar("_T")
+_Self = TypeVar("_Self", bound="LoopThread")
 
 
 class LoopThread:
@@ -48,6 +49,15 @@ class LoopThread:
             raise ProtocolError("the executor is not initialized; call initialize() first")
 
     # ------------------------------------------------------------------ lifecycle
+
+    def destroy(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
 
     def _start_thread(self, name: str) -> None:
         started = threading.Event()
