@@ -111,6 +111,7 @@ OUTCOMES = ("filtered", "failed", "dropped", "surplus", "stopped")
 # Release causes after which the item goes on (queued again, or the state is being torn down).
 _NOT_AN_OUTCOME = frozenset({"retried", "resumed", "shutdown"})
 _RECENT_FAILURES = 8
+_WAKE = Wake()  # immutable and field-less: one instance serves every wake-up
 
 Accept = Callable[[list[Any]], bool]
 
@@ -618,7 +619,7 @@ class Coordinator:
         else:  # counted here; the consume that reports it again skips it
             c.dropped_groups += 1
             self._end(gid, _DROP, "dropped", out)
-        out.append(Wake())
+        out.append(_WAKE)
         self._check_head(now, out)
 
     def _filtered(self, gid: int, members: int, reason: str, now: float, out: list[Action]) -> None:
@@ -668,7 +669,7 @@ class Coordinator:
         if self._gate is not None:
             self._gate.on_rollout_rejected()
         out.append(AbortGroup(gid, cause))
-        out.append(Wake())
+        out.append(_WAKE)
         self._check_head(now, out)
 
     def _end(self, gid: int, op: int, cause: str, out: list[Action]) -> None:
@@ -739,7 +740,7 @@ class Coordinator:
             c.consumed_trajectories += n
             given += len(batch.groups)
             out.append(HandOverBatch(v, tuple(handed)))
-            out.append(Wake())
+            out.append(_WAKE)
             self._deadline_actions(ev.now, out)
             self._check_head(ev.now, out)
         return out
@@ -767,7 +768,7 @@ class Coordinator:
                 raise InvariantError(f"deadline verdict {verdict!r}: not 'truncate' or 'abort'")
 
     def _on_version(self, ev: VersionPublished) -> list[Action]:
-        return [Wake()]
+        return [_WAKE]
 
     def _on_paused(self, ev: Paused) -> list[Action]:
         self._paused = True
@@ -775,7 +776,7 @@ class Coordinator:
 
     def _on_resumed(self, ev: Resumed) -> list[Action]:
         self._paused = False
-        return [Wake()]
+        return [_WAKE]
 
     # ------------------------------------------------------------------ the proactive filter
 
@@ -849,7 +850,7 @@ class Coordinator:
             self._stragglers.landed(buf.version)
         for item in reversed(again):
             self._queue.appendleft(item)
-        out.append(Wake())
+        out.append(_WAKE)
 
     def _truncate(self, chosen: list[_GroupRun], out: list[Action]) -> None:
         """Cut the head buffer's last groups short: their members return their partial outputs
@@ -938,7 +939,7 @@ class Coordinator:
             if self._gate is not None:
                 self._gate.on_rollout_rejected()
             out.append(AbortGroup(gid, cause))
-        out.append(Wake())
+        out.append(_WAKE)
         for timer in list(self._armed):
             self._disarm(timer, out)
 

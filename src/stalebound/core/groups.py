@@ -133,9 +133,17 @@ class GroupTracker:
 
     def finish(self, member: MemberId, result: Any = None) -> GroupComplete | None:
         """A member finished; returns :class:`GroupComplete` when it is the N-th."""
-        member = _member("finish", member)
-        g = self._group("finish", member.group_id)
-        version = self._pop_running("finish", g, member)
+        if type(member) is not MemberId:  # the ids start() returns need no conversion
+            member = _member("finish", member)
+        try:  # the common case without a call; any doubt goes through the checks below
+            g = self._groups[member.group_id]
+            number = member.number
+            if type(number) is not int:
+                raise KeyError(number)
+            version = g.running.pop(number)
+        except (KeyError, TypeError):
+            g = self._group("finish", member.group_id)
+            version = self._pop_running("finish", g, member)
         g.finished.append(MemberResult(member, version, result))
         if len(g.finished) < self.group_size:
             return None
