@@ -134,3 +134,28 @@ def test_a_deadline_policy_plugs_in_through_its_verdicts(verdict: str) -> None:
     assert acted == due and c.counts.deadline_groups == len(due)
     if verdict == "abort":
         assert not due & set(c.running())
+
+
+def test_a_restored_coordinator_decides_on_the_restored_buffer() -> None:
+    c = coordinator(consumer_batch_size=1, group_size=1)
+    for i in range(2):
+        c.handle(ev.Submitted(i))
+    first, _running = of(ev.LaunchMember, c.handle(ev.Dispatch(0.0, 0)))
+    c.handle(ev.MemberFinished(first.member, 1.0, {"score": 1}))
+    snap = c.snapshot()
+    d = coordinator(consumer_batch_size=1, group_size=1)
+    d.restore(
+        policy_state=snap["policy_state"],
+        running=[gid for gid, _, _ in snap["running"]],
+        pending=[(sample, retries) for _, sample, retries in snap["running"]],
+        samples=snap["samples"],
+        next_group_id=snap["next_group_id"],
+        counts=snap["counts"],
+        by_cause=snap["by_cause"],
+    )
+    assert d.buffer is d.policy.buffer  # loading a snapshot builds a new buffer
+    (batch,) = of(ev.HandOverBatch, d.handle(ev.BatchWanted(1, 2.0)))
+    assert [g.sample for g in batch.groups] == [0]
+    assert d.queued_items() == [(1, 0)] and d.counts.resumed_groups == 1
+    restarted = of(ev.StartGroup, d.handle(ev.Dispatch(3.0, d.version)))
+    assert [a.sample for a in restarted] == [1] and restarted[0].group_id == 2

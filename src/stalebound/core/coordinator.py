@@ -993,6 +993,8 @@ class Coordinator:
             )
         with self._guard:
             self.policy.load_snapshot(policy_state)
+            if isinstance(self.policy, BufferPolicy):  # loading builds a new buffer
+                self._buffer = self.policy.buffer
             for gid in running:  # their episodes died with the old process: run them again
                 if self.policy.is_running(gid):
                     self.policy.abort(gid, "resumed")
