@@ -326,9 +326,15 @@ def armed_timers(ex: WorkflowExecutor) -> list[str]:
     """The names of the loop's pending timers other than the episode deadlines (which only ever
     expire a running episode): none means nothing wakes the executor but a new event."""
 
+    def name(handle: Any) -> str:
+        # the coordinator's timers (the watchdog, the STUCK timeout) by their names
+        if handle._callback.__qualname__ == "NamedTimers._fired":
+            return f"timer:{handle._args[0]}"
+        return str(handle._callback.__qualname__)
+
     def read() -> list[str]:
         loop: Any = ex._loop
-        names = [h._callback.__qualname__ for h in loop._scheduled if not h.cancelled()]
-        return [n for n in names if n != "_Deadlines._fire"]
+        names = [name(h) for h in loop._scheduled if not h.cancelled()]
+        return [n for n in names if n != "EpisodeDeadlines._fire"]
 
     return ex._call(read)

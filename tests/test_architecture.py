@@ -68,6 +68,45 @@ def test_public_names_are_exported() -> None:
     assert issubclass(stalebound.InvariantError, stalebound.StaleboundError)
 
 
+def imported_names(path: Path) -> set[str]:
+    """``module.name`` for every ``from module import name`` (and ``module`` for ``import``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+# The core's decision makers: a driver talks to them only through the Coordinator.
+DECIDERS = {
+    "BufferPolicy",
+    "CapacityPolicy",
+    "StalenessBuffer",
+    "GroupTracker",
+    "StragglerClock",
+    "StuckTimer",
+    "proactive_filter_targets",
+    "eligible_targets",
+    "get_group_post_process",
+    "move",
+}
+
+
+def test_drivers_decide_nothing_themselves() -> None:
+    """The executor's runtime and the Ray backend reach staleness decisions only through the
+    coordinator (AReaL's StalenessManager wraps the capacity arithmetic, as AReaL's does)."""
+    root = CORE.parent
+    offenders = {}
+    for path in [*(root / "runtime").glob("*.py"), *(root / "distributed").glob("*.py")]:
+        for name in imported_names(path):
+            if name.startswith("stalebound.core") and name.rsplit(".", 1)[-1] in DECIDERS:
+                offenders[f"{path.parent.name}/{path.name}"] = name
+    assert offenders == {}
+    assert len((root / "runtime" / "executor.py").read_text().splitlines()) <= 700
+
+
 def test_training_and_observability_do_not_import_the_simulator() -> None:
     # the trace format lives in obs/, so a training run does not load the simulator
     root = Path(stalebound.__file__).parent

@@ -23,13 +23,13 @@ import pytest
 from scripted import Call, Generate, ScriptedEngine, armed_timers, quiesce
 from stalebound.config import RolloutConfig
 from stalebound.core import BufferPolicy, ConfigError, ProtocolError
+from stalebound.core import settings as settings_module
 from stalebound.runtime import (
     RolloutError,
     StalenessManager,
     Trajectory,
     WorkflowExecutor,
 )
-from stalebound.runtime import executor as executor_module
 
 
 def make(engine: Any, manager: StalenessManager | None = None, **settings: Any) -> WorkflowExecutor:
@@ -293,7 +293,7 @@ def test_dispatch_is_woken_by_a_version_change_not_by_polling() -> None:
         idle = quiesce(ex, engine)
         assert len(engine.calls) == 2 and idle.queued == 2  # η = 0: nothing may start at version 0
         # no timer but the log lines' will fire: nothing wakes a dispatcher that does not poll
-        assert set(armed_timers(ex)) <= {"WorkflowExecutor._watchdog", "WorkflowExecutor._progress"}
+        assert set(armed_timers(ex)) <= {"timer:watchdog", "WorkflowExecutor._progress"}
         ex.set_version(1)
         engine.wait_calls(4)
         after = quiesce(ex, engine)
@@ -354,7 +354,7 @@ def test_policy_is_only_touched_from_the_loop_thread(monkeypatch: pytest.MonkeyP
             threads.add(threading.get_ident())
             return super().__getattribute__(name)
 
-    monkeypatch.setattr(executor_module, "BufferPolicy", Recording)
+    monkeypatch.setattr(settings_module, "BufferPolicy", Recording)  # what build_policy builds
     engine = ScriptedEngine(auto=True)
     ex = make(engine, consumer_batch_size=2)
     threads.clear()  # construction happens in initialize(), before the loop exists

@@ -56,8 +56,10 @@ def make(engine: Any, **settings: Any) -> WorkflowExecutor:
 
 
 def head_state(ex: WorkflowExecutor) -> BufferState:
-    policy: Any = ex._policy  # the buffer policy's buffer, read on the test thread while quiet
-    return policy.buffer.state(policy.version)  # type: ignore[no-any-return]
+    def state(policy: Any) -> BufferState:
+        return policy.buffer.state(policy.version)  # type: ignore[no-any-return]
+
+    return ex.inspect_policy(state)
 
 
 def ended(s: ExecutorStatistics) -> int:
@@ -387,7 +389,7 @@ def test_watchdog_names_silent_groups_and_progress_lines_stop_when_idle(
         # idle: each timer fires once more, finds nothing running and is not re-armed; after
         # that nothing can log without a new event
         deadline = time.monotonic() + 20
-        while ex._call(lambda: (ex._watchdog_handle, ex._progress_handle)) != (None, None):
+        while ex._call(lambda: (ex._timers.get("watchdog"), ex._progress_handle)) != (None, None):
             assert time.monotonic() < deadline, "the timers keep re-arming while idle"
             time.sleep(0.005)
         assert armed_timers(ex) == []

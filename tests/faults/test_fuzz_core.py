@@ -306,7 +306,7 @@ def _empty_like(policy: BufferPolicy | CapacityPolicy) -> BufferPolicy | Capacit
             policy.max_concurrent,
         )
     c = policy.counter
-    counter = CapacityCounter(c.max_concurrent_rollouts, c.consumer_batch_size, c.max_staleness)
+    counter = CapacityCounter(c.max_concurrent_rollouts, c.consumer_batch_size, c.staleness)
     return CapacityPolicy(counter, drop_stale=policy.drop_stale)
 
 

@@ -14,6 +14,12 @@ from stalebound.core.buffer import (
     StalenessBuffer,
 )
 from stalebound.core.capacity import CapacityCounter, RolloutStat
+from stalebound.core.coordinator import (
+    AdmissionGate,
+    Coordinator,
+    CoordinatorCounts,
+    DeadlinePolicy,
+)
 from stalebound.core.errors import ConfigError, InvariantError, ProtocolError, StaleboundError
 from stalebound.core.groups import (
     GroupComplete,
@@ -30,9 +36,26 @@ from stalebound.core.policy import (
     PolicyStatistics,
     StalenessPolicy,
 )
+from stalebound.core.settings import (
+    DEFAULT_BATCHES_IN_FLIGHT,
+    CoordinatorSettings,
+    build_policy,
+    resolve_settings,
+)
+from stalebound.core.transitions import (
+    ENTRY_TRANSITIONS,
+    GROUP_TRANSITIONS,
+    EntryOp,
+    GroupOp,
+    GroupState,
+)
 
 __all__ = [
+    "DEFAULT_BATCHES_IN_FLIGHT",
+    "ENTRY_TRANSITIONS",
+    "GROUP_TRANSITIONS",
     "Admission",
+    "AdmissionGate",
     "BufferPolicy",
     "BufferState",
     "BufferStatistics",
@@ -41,9 +64,16 @@ __all__ = [
     "ConfigError",
     "ConsumedBatch",
     "ConsumedGroup",
+    "Coordinator",
+    "CoordinatorCounts",
+    "CoordinatorSettings",
+    "DeadlinePolicy",
+    "EntryOp",
     "EntryState",
     "GroupComplete",
     "GroupFailed",
+    "GroupOp",
+    "GroupState",
     "GroupTracker",
     "InvariantError",
     "MemberId",
@@ -56,4 +86,6 @@ __all__ = [
     "StaleboundError",
     "StalenessBuffer",
     "StalenessPolicy",
+    "build_policy",
+    "resolve_settings",
 ]

@@ -24,7 +24,15 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from stalebound.core.errors import ConfigError, InvariantError, ProtocolError
+from stalebound.core.checks import check_version, is_int
+from stalebound.core.errors import ConfigError, InvariantError, ProtocolError, StaleboundError
+from stalebound.core.transitions import (
+    ENTRY_TRANSITIONS,
+    EntryOp,
+    EntryState,
+    compile_table,
+    move,
+)
 
 __all__ = [
     "BufferState",
@@ -50,14 +58,6 @@ class BufferState(enum.Enum):
     """occ ≥ B and emp > 0 (only when B′ > B): consumable, still accepts Reserve."""
     READY = "ready"
     """occ ≥ B and emp = 0: consumable."""
-
-
-class EntryState(enum.Enum):
-    """The state of one buffer entry (an entry holds one group)."""
-
-    EMPTY = "empty"
-    RESERVED = "reserved"
-    OCCUPIED = "occupied"
 
 
 class Reservation(NamedTuple):
@@ -104,7 +104,8 @@ class BufferStatistics:
     version: int
     batch_size: int
     buffer_size: int
-    staleness_bound: int
+    staleness: int
+    """The bound: a group of version V is trained at V + staleness at the latest."""
     reserved: int
     """Groups RESERVED now."""
     occupied: int
@@ -126,6 +127,11 @@ class BufferStatistics:
     buffer_states: Mapping[int, BufferState]
     staleness_histogram: Mapping[int, int]
     """Consumed groups by staleness (buffer version − group version)."""
+
+    @property
+    def staleness_bound(self) -> int:
+        """The bound under its earlier name (kept so existing readers keep working)."""
+        return self.staleness
 
     @property
     def filtered(self) -> int:
@@ -166,21 +172,48 @@ class _WindowStates(Mapping[int, BufferState]):
         return f"<buffers {self._v}…{self._top}: {self._held} held, the rest PENDING>"
 
 
-class _Group:
-    """One group in flight. ``buffer`` is where its entry is; ``seq`` is its occupy order."""
+# The entry transition table compiled to indices: an entry's state is an index into _STATES and
+# every move is one lookup in _NEXT (no enum hashing on the hot paths).
+_STATES = tuple(EntryState)
+_OPS = tuple(EntryOp)
+_NEXT = compile_table(ENTRY_TRANSITIONS, _STATES, _OPS)
+_EMPTY, _RESERVED, _OCCUPIED = (_STATES.index(s) for s in EntryState)
+(_RESERVE, _OCCUPY, _ABORT, _SURPLUS, _CONSUME, _DROP, _REPLACE, _PULL_FORWARD, _DEFER) = (
+    _OPS.index(o)
+    for o in (
+        EntryOp.RESERVE,
+        EntryOp.OCCUPY,
+        EntryOp.ABORT,
+        EntryOp.SURPLUS,
+        EntryOp.CONSUME,
+        EntryOp.DROP,
+        EntryOp.REPLACE,
+        EntryOp.PULL_FORWARD,
+        EntryOp.DEFER,
+    )
+)
 
-    __slots__ = ("buffer", "group_id", "occupied", "payload", "seq", "version")
+
+class _Entry:
+    """The entry of one group in flight. ``buffer`` is where it is; ``seq`` is its occupy order.
+    ``state`` changes only through :meth:`StalenessBuffer._move` (the transition table)."""
+
+    __slots__ = ("buffer", "group_id", "payload", "seq", "state", "version")
 
     def __init__(self, group_id: Hashable, version: int, buffer: int) -> None:
         self.group_id = group_id
         self.version = version
         self.buffer = buffer
-        self.occupied = False
+        self.state = _EMPTY  # an index into _STATES
         self.seq = -1
         self.payload: Any = None
 
+    @property
+    def occupied(self) -> bool:
+        return self.state == _OCCUPIED
 
-def _by_seq(g: _Group) -> int:
+
+def _by_seq(g: _Entry) -> int:
     return g.seq
 
 
@@ -190,12 +223,8 @@ class _Buffer:
     __slots__ = ("occupied", "reserved")
 
     def __init__(self) -> None:
-        self.reserved: dict[Hashable, _Group] = {}
-        self.occupied: list[_Group] = []
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+        self.reserved: dict[Hashable, _Entry] = {}
+        self.occupied: list[_Entry] = []
 
 
 class StalenessBuffer:
@@ -230,7 +259,8 @@ class StalenessBuffer:
         self.group_redundancy: int = group_size if group_redundancy is None else group_redundancy
         self._v = start_version
         self._buffers: dict[int, _Buffer] = {}
-        self._groups: dict[Hashable, _Group] = {}
+        self._groups: dict[Hashable, _Entry] = {}
+        self._reserved = 0  # entries RESERVED now, kept by _move
         self._next_seq = 0
         self._occupied_total = 0
         self._consumed_groups = 0
@@ -259,6 +289,11 @@ class StalenessBuffer:
         except TypeError:
             return False
 
+    @property
+    def reserved_count(self) -> int:
+        """Groups RESERVED now (generating), over the whole window."""
+        return self._reserved
+
     def lookup(self, group_id: Hashable) -> tuple[EntryState, int, int] | None:
         """``(state, buffer_version, group_version)`` of a group in flight, or ``None``."""
         try:
@@ -267,7 +302,7 @@ class StalenessBuffer:
             return None
         if g is None:
             return None
-        return (EntryState.OCCUPIED if g.occupied else EntryState.RESERVED, g.buffer, g.version)
+        return (_STATES[g.state], g.buffer, g.version)
 
     def state(self, buffer_version: int) -> BufferState:
         """The state of buffer ``buffer_version`` (one of ``v … v + η``)."""
@@ -313,7 +348,7 @@ class StalenessBuffer:
     def capacity(self, version: int | None = None) -> int:
         """EMPTY entries in buffers ``v … V + η``: how many ``try_reserve(_, V)`` would succeed now."""
         v = self._v
-        V = v if version is None else self._check_version("capacity", version)
+        V = v if version is None else self._admissible_version("capacity", version)
         top = V + self.staleness
         if top < v:
             return 0
@@ -334,7 +369,7 @@ class StalenessBuffer:
         when there is no room (back-pressure), including when ``V + η < v``.
         """
         v = self._v
-        V = v if version is None else self._check_version("try_reserve", version)
+        V = v if version is None else self._admissible_version("try_reserve", version)
         groups = self._groups
         try:
             existing = groups.get(group_id)
@@ -361,7 +396,8 @@ class StalenessBuffer:
                 self._refused += 1
                 return None
             b, buf = found
-        g = _Group(group_id, V, b)
+        g = _Entry(group_id, V, b)
+        self._move(g, _RESERVE)
         buf.reserved[group_id] = g
         groups[group_id] = g
         return Reservation(group_id, V, b)
@@ -393,7 +429,7 @@ class StalenessBuffer:
             g = self._groups.get(group_id)
         except TypeError:
             g = None
-        if g is None or g.occupied:
+        if g is None or g.state == _OCCUPIED:
             g = self._reserved_group("occupy", group_id)  # raises the precise error
         v = self._v
         try:
@@ -404,7 +440,7 @@ class StalenessBuffer:
                 "segment_versions must be an iterable of ints, e.g. () or [3, 4]"
             ) from None
         for sv in segment_versions:
-            if not _is_int(sv) or sv < g.version or sv > v:
+            if not is_int(sv) or sv < g.version or sv > v:
                 raise ProtocolError(
                     f"occupy(group_id={group_id!r}): segment version {sv!r} is outside "
                     f"[{g.version}, {v}] (the group's version {g.version} to the current version "
@@ -429,7 +465,7 @@ class StalenessBuffer:
         self._next_seq = seq + 1
         g.seq = seq
         g.payload = payload
-        g.occupied = True
+        self._move(g, _OCCUPY)
         g.buffer = b
         buffers[b].occupied.append(g)  # the newest seq: the list stays in occupy order
         self._occupied_total += 1
@@ -448,6 +484,7 @@ class StalenessBuffer:
             buf.occupied.remove(g)
         else:
             del buf.reserved[group_id]
+        self._move(g, _ABORT)
         del self._groups[group_id]
         self._aborted[cause] += 1
 
@@ -473,11 +510,13 @@ class StalenessBuffer:
         surplus = tuple(buf.reserved)
         groups = self._groups
         hist = self._histogram
+        move_entry = self._move
         for g in taken:
+            move_entry(g, _CONSUME)
             del groups[g.group_id]
             hist[v - g.version] += 1
         for gid in surplus:
-            del groups[gid]
+            move_entry(groups.pop(gid), _SURPLUS)
         del self._buffers[v]
         self._v = v + 1
         self._consumed_groups += len(taken)
@@ -486,6 +525,7 @@ class StalenessBuffer:
             self._aborted["surplus"] += len(surplus)
         dropped = [g for g in extra if not self._replace(g)]
         for g in dropped:
+            move_entry(g, _DROP)
             del groups[g.group_id]
         self._dropped += len(dropped)
         return ConsumedBatch(
@@ -515,6 +555,7 @@ class StalenessBuffer:
             src = self._buffers.get(bv)
             while src and src.occupied and self._accepts(dst):
                 g = src.occupied.pop(0)
+                self._move(g, _PULL_FORWARD)
                 g.buffer = target
                 insort(dst.occupied, g, key=_by_seq)
                 moved.append(g.group_id)
@@ -530,9 +571,9 @@ class StalenessBuffer:
             version=self._v,
             batch_size=self.batch_size,
             buffer_size=self.buffer_size,
-            staleness_bound=self.staleness,
-            reserved=sum(len(b.reserved) for b in self._buffers.values()),
-            occupied=sum(len(b.occupied) for b in self._buffers.values()),
+            staleness=self.staleness,
+            reserved=self._reserved,
+            occupied=len(self._groups) - self._reserved,
             capacity=self.capacity(),
             reserved_total=self._reserved_total(),
             occupied_total=self._occupied_total,
@@ -644,16 +685,18 @@ class StalenessBuffer:
 
     def _restore_group(self, item: Mapping[str, Any]) -> None:
         gid, version, bv = item["group_id"], int(item["version"]), int(item["buffer"])
-        v, eta = self._v, self.staleness
-        if gid in self._groups or not (v <= bv <= version + eta) or version > v:
+        v, bound = self._v, self.staleness
+        if gid in self._groups or not (v <= bv <= version + bound) or version > v:
             raise ProtocolError(
                 f"restore(): group {gid!r} (version {version}) cannot sit in buffer {bv} at "
-                f"version {v} with staleness {eta}, or appears twice; the snapshot is damaged"
+                f"version {v} with staleness {bound}, or appears twice; the snapshot is damaged"
             )
-        g = _Group(gid, version, bv)
+        g = _Entry(gid, version, bv)
         buf = self._buffers.setdefault(bv, _Buffer())
+        self._move(g, _RESERVE)
         if "seq" in item:
-            g.occupied, g.seq, g.payload = True, int(item["seq"]), item.get("payload")
+            g.seq, g.payload = int(item["seq"]), item.get("payload")
+            self._move(g, _OCCUPY)
             insort(buf.occupied, g, key=_by_seq)
         else:
             buf.reserved[gid] = g
@@ -661,7 +704,7 @@ class StalenessBuffer:
 
     def check_invariants(self) -> None:
         """Raise :class:`InvariantError` if the internal state is inconsistent (used by tests)."""
-        v, eta = self._v, self.staleness
+        v, bound = self._v, self.staleness
         seen = 0
         all_seqs = [g.seq for buf in self._buffers.values() for g in buf.occupied]
         if len(set(all_seqs)) != len(all_seqs) or any(s >= self._next_seq for s in all_seqs):
@@ -670,8 +713,8 @@ class StalenessBuffer:
                 f"{self._next_seq}; each occupied entry has its own number below it"
             )
         for bv, buf in self._buffers.items():
-            if not v <= bv <= v + eta:
-                raise InvariantError(f"buffer {bv} outside the window [{v}, {v + eta}]")
+            if not v <= bv <= v + bound:
+                raise InvariantError(f"buffer {bv} outside the window [{v}, {v + bound}]")
             if len(buf.reserved) + len(buf.occupied) > self.buffer_size:
                 raise InvariantError(f"buffer {bv} holds more than {self.buffer_size} entries")
             seqs = [g.seq for g in buf.occupied]
@@ -680,13 +723,29 @@ class StalenessBuffer:
             for g in [*buf.reserved.values(), *buf.occupied]:
                 if self._groups.get(g.group_id) is not g or g.buffer != bv:
                     raise InvariantError(f"group {g.group_id!r} misfiled in buffer {bv}")
-                if bv > g.version + eta:
+                if bv > g.version + bound:
                     raise InvariantError(f"group {g.group_id!r} (version {g.version}) in {bv}")
             seen += len(buf.reserved) + len(buf.occupied)
+        reserved = sum(len(buf.reserved) for buf in self._buffers.values())
+        if reserved != self._reserved:
+            raise InvariantError(f"{reserved} entries RESERVED, {self._reserved} counted")
         if seen != len(self._groups):
             raise InvariantError(f"{seen} entries filed, {len(self._groups)} groups in flight")
 
     # --------------------------------------------------------------- helpers
+
+    def _move(self, g: _Entry, op: int, error: type[StaleboundError] = InvariantError) -> None:
+        """The one place an entry's state changes: looked up in the transition table (compiled
+        to indices, ``op`` an index into ``_OPS``); a move not in it raises ``error``."""
+        old = g.state
+        new = _NEXT[old][op]
+        if new < 0:
+            move(ENTRY_TRANSITIONS, _STATES[old], _OPS[op], g.group_id, error=error)
+        if old == _RESERVED:
+            self._reserved -= 1
+        elif new == _RESERVED:
+            self._reserved += 1
+        g.state = new
 
     def _reserved_total(self) -> int:
         """Every group ever reserved ends exactly once, so the count is derived, not kept."""
@@ -723,11 +782,12 @@ class StalenessBuffer:
                     fallback = bv
         return fallback
 
-    def _replace(self, g: _Group) -> bool:
+    def _replace(self, g: _Entry) -> bool:
         """Re-place an extra occupied group after consume; False when it must be dropped."""
         b = self._find_place(g.version + self.staleness)
         if b is None:
             return False
+        self._move(g, _REPLACE)
         g.buffer = b
         insort(self._buffers[b].occupied, g, key=_by_seq)
         self._replaced += 1
@@ -735,19 +795,15 @@ class StalenessBuffer:
 
     def _check_window(self, op: str, buffer_version: int) -> None:
         v, top = self._v, self._v + self.staleness
-        if not _is_int(buffer_version) or not v <= buffer_version <= top:
+        if not is_int(buffer_version) or not v <= buffer_version <= top:
             raise ProtocolError(
                 f"{op}({buffer_version!r}): buffer versions in the window are {v} … {top} "
                 f"(version {v}, staleness {self.staleness}); earlier buffers were consumed and "
                 "later ones do not exist yet"
             )
 
-    def _check_version(self, op: str, version: int) -> int:
-        if not _is_int(version) or version < 0:
-            raise ProtocolError(
-                f"{op}(version={version!r}): the version must be an int ≥ 0 (versions count "
-                "training steps from 0)"
-            )
+    def _admissible_version(self, op: str, version: int) -> int:
+        check_version(op, version)
         if version > self._v:
             raise ProtocolError(
                 f"{op}(version={version}): version {version} is from the future (the current "
@@ -755,7 +811,7 @@ class StalenessBuffer:
             )
         return version
 
-    def _known_group(self, op: str, group_id: Hashable) -> _Group:
+    def _known_group(self, op: str, group_id: Hashable) -> _Entry:
         try:
             g = self._groups.get(group_id)
         except TypeError:
@@ -767,7 +823,7 @@ class StalenessBuffer:
             )
         return g
 
-    def _reserved_group(self, op: str, group_id: Hashable) -> _Group:
+    def _reserved_group(self, op: str, group_id: Hashable) -> _Entry:
         g = self._known_group(op, group_id)
         if g.occupied:
             raise ProtocolError(
@@ -776,7 +832,7 @@ class StalenessBuffer:
             )
         return g
 
-    def _describe(self, g: _Group) -> str:
+    def _describe(self, g: _Entry) -> str:
         state = "OCCUPIED" if g.occupied else "RESERVED"
         return f"{state} in buffer {g.buffer}, version {g.version}"
 
@@ -792,7 +848,7 @@ def _validate(
     problems: list[str] = []
 
     def need_int(name: str, value: object, low: int, fix: str) -> bool:
-        if not _is_int(value) or value < low:  # type: ignore[operator]
+        if not is_int(value) or value < low:  # type: ignore[operator]
             problems.append(f"{name}={value!r}: must be an integer ≥ {low}; {fix}")
             return False
         return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stalebound.core.checks import is_int
 from stalebound.core.errors import ConfigError, ProtocolError
 
 __all__ = ["CapacityCounter", "RolloutStat"]
@@ -39,29 +40,29 @@ class CapacityCounter:
             ("consumer_batch_size", consumer_batch_size, 0),
             ("max_staleness", max_staleness, 0),
         ):
-            if not _is_int(value) or value < low:
+            if not is_int(value) or value < low:
                 problems.append(f"{name}={value!r}: must be an integer ≥ {low}")
         if problems:
             raise ConfigError(problems)
         self.max_concurrent_rollouts = max_concurrent_rollouts
         self.consumer_batch_size = consumer_batch_size
-        self.max_staleness = max_staleness
+        self.staleness = max_staleness  # AReaL's name stops at this constructor's keyword
         self.stat = RolloutStat()
 
     def capacity(self, version: int) -> int:
         """New rollouts that may start now at training version ``version``; may be ≤ 0."""
-        if not _is_int(version) or version < 0:
+        if not is_int(version) or version < 0:
             raise ProtocolError(f"capacity({version!r}): the version must be an int ≥ 0")
         s = self.stat
         concurrency = max(1, self.max_concurrent_rollouts) - s.running
-        staleness = (self.max_staleness + version + 1) * max(1, self.consumer_batch_size) - (
+        staleness = (self.staleness + version + 1) * max(1, self.consumer_batch_size) - (
             s.accepted + s.running
         )
         return min(concurrency, staleness)
 
     def pending_limit(self) -> int:
         """The most rollouts that may wait in the input queue: ``(η + 1)·B``."""
-        return (self.max_staleness + 1) * self.consumer_batch_size
+        return (self.staleness + 1) * self.consumer_batch_size
 
     def enqueued(self) -> None:
         self.stat.enqueued += 1
@@ -83,7 +84,7 @@ class CapacityCounter:
 
     def version_recovered(self, version: int) -> None:
         """After resuming at ``version``: count the batches already trained as accepted."""
-        if not _is_int(version) or version < 0:
+        if not is_int(version) or version < 0:
             raise ProtocolError(
                 f"on_version_recovered({version!r}): the version must be an int ≥ 0"
             )
@@ -95,7 +96,3 @@ class CapacityCounter:
                 f"{op}(): no rollout is {counter} ({self.stat}); each rollout must be enqueued, "
                 "then submitted, then accepted or rejected, once each"
             )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -14,6 +14,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from stalebound.core.checks import check_version, is_int
 from stalebound.core.errors import ConfigError, ProtocolError
 
 __all__ = ["GroupComplete", "GroupFailed", "GroupTracker", "MemberId", "MemberResult", "Relaunch"]
@@ -60,7 +61,7 @@ class Relaunch:
     version: int
 
 
-class _Group:
+class _GroupMembers:
     __slots__ = ("causes", "finished", "next_index", "relaunches", "running")
 
     def __init__(self) -> None:
@@ -82,25 +83,25 @@ class GroupTracker:
         max_relaunches: int | None = None,
     ) -> None:
         problems = []
-        if not _is_int(group_size) or group_size < 1:
+        if not is_int(group_size) or group_size < 1:
             problems.append(f"group_size={group_size!r}: must be an integer ≥ 1")
         redundancy = group_size if group_redundancy is None else group_redundancy
         if group_redundancy is not None and (
-            not _is_int(redundancy) or (_is_int(group_size) and redundancy < group_size)
+            not is_int(redundancy) or (is_int(group_size) and redundancy < group_size)
         ):
             problems.append(
                 f"group_redundancy={group_redundancy!r}: must be an integer ≥ group_size="
                 f"{group_size!r}; use None for no group-level redundancy"
             )
         relaunches = group_size if max_relaunches is None else max_relaunches
-        if max_relaunches is not None and (not _is_int(relaunches) or relaunches < 0):
+        if max_relaunches is not None and (not is_int(relaunches) or relaunches < 0):
             problems.append(f"max_relaunches={max_relaunches!r}: must be an integer ≥ 0")
         if problems:
             raise ConfigError(problems)
         self.group_size = group_size
         self.group_redundancy = redundancy
         self.max_relaunches = relaunches
-        self._groups: dict[Hashable, _Group] = {}
+        self._groups: dict[Hashable, _GroupMembers] = {}
 
     def __contains__(self, group_id: object) -> bool:
         try:
@@ -113,7 +114,7 @@ class GroupTracker:
 
     def start(self, group_id: Hashable, version: int) -> tuple[MemberId, ...]:
         """Begin a group at ``version``; returns the N′ members to launch."""
-        _check_version("start", version)
+        check_version("start", version)
         try:
             running = group_id in self._groups
         except TypeError:
@@ -122,7 +123,7 @@ class GroupTracker:
             ) from None
         if running:
             raise ProtocolError(f"start(group_id={group_id!r}): the group is already running")
-        g = _Group()
+        g = _GroupMembers()
         self._groups[group_id] = g
         return tuple(self._launch(group_id, g, version) for _ in range(self.group_redundancy))
 
@@ -132,9 +133,17 @@ class GroupTracker:
 
     def finish(self, member: MemberId, result: Any = None) -> GroupComplete | None:
         """A member finished; returns :class:`GroupComplete` when it is the N-th."""
-        member = _member("finish", member)
-        g = self._group("finish", member.group_id)
-        version = self._pop_running("finish", g, member)
+        if type(member) is not MemberId:  # the ids start() returns need no conversion
+            member = _member("finish", member)
+        try:  # the common case without a call; any doubt goes through the checks below
+            g = self._groups[member.group_id]
+            number = member.number
+            if type(number) is not int:
+                raise KeyError(number)
+            version = g.running.pop(number)
+        except (KeyError, TypeError):
+            g = self._group("finish", member.group_id)
+            version = self._pop_running("finish", g, member)
         g.finished.append(MemberResult(member, version, result))
         if len(g.finished) < self.group_size:
             return None
@@ -152,7 +161,7 @@ class GroupTracker:
         """
         member = _member("fail", member)
         g = self._group("fail", member.group_id)
-        _check_version("fail", version)
+        check_version("fail", version)
         if not isinstance(cause, str) or not cause:
             raise ProtocolError(
                 f"fail(member={member!r}, cause={cause!r}): the cause must be a non-empty string "
@@ -179,13 +188,13 @@ class GroupTracker:
         """Members of a running group that have already finished."""
         return tuple(self._group("partial", group_id).finished)
 
-    def _launch(self, group_id: Hashable, g: _Group, version: int) -> MemberId:
+    def _launch(self, group_id: Hashable, g: _GroupMembers, version: int) -> MemberId:
         index = g.next_index
         g.next_index += 1
         g.running[index] = version
         return MemberId(group_id, index)
 
-    def _group(self, op: str, group_id: Hashable) -> _Group:
+    def _group(self, op: str, group_id: Hashable) -> _GroupMembers:
         try:
             g = self._groups.get(group_id)
         except TypeError:  # unhashable: never started
@@ -197,26 +206,14 @@ class GroupTracker:
             )
         return g
 
-    def _pop_running(self, op: str, g: _Group, member: MemberId) -> int:
+    def _pop_running(self, op: str, g: _GroupMembers, member: MemberId) -> int:
         number = member.number
-        if not _is_int(number) or number not in g.running:
+        if not is_int(number) or number not in g.running:
             raise ProtocolError(
                 f"{op}(member={member!r}): the member is not running (never launched, or already "
                 "finished or failed)"
             )
         return g.running.pop(number)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_version(op: str, version: object) -> None:
-    if not _is_int(version) or version < 0:  # type: ignore[operator]
-        raise ProtocolError(
-            f"{op}(version={version!r}): the version must be an int ≥ 0 (versions count training "
-            "steps from 0)"
-        )
 
 
 def _member(op: str, member: object) -> MemberId:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
-from stalebound.core.buffer import ConsumedBatch, ConsumedGroup, StalenessBuffer
+from stalebound.core.buffer import ConsumedBatch, ConsumedGroup, EntryState, StalenessBuffer
 from stalebound.core.capacity import CapacityCounter, RolloutStat
+from stalebound.core.checks import check_version, is_int
 from stalebound.core.errors import ConfigError, ProtocolError
 
 __all__ = [
@@ -49,7 +50,8 @@ class PolicyStatistics:
 
     policy: str
     version: int
-    staleness_bound: int
+    staleness: int
+    """The bound (the capacity policy bounds it in aggregate only)."""
     running: int
     """Groups admitted and not yet completed, aborted or cancelled."""
     waiting: int
@@ -63,6 +65,11 @@ class PolicyStatistics:
     staleness_histogram: Mapping[int, int]
     violations: int
     """Consumed groups staler than the bound (always 0 for the buffer policy)."""
+
+    @property
+    def staleness_bound(self) -> int:
+        """The bound under its earlier name (kept so existing readers keep working)."""
+        return self.staleness
 
 
 class StalenessPolicy(Protocol):
@@ -123,10 +130,6 @@ def _check_policy(snapshot: Mapping[str, Any], name: str) -> None:
         )
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _not_a(kind: type, value: object) -> bool:
     """True when ``value`` is not a ``kind`` (callers outside the type checker pass anything)."""
     return not isinstance(value, kind)
@@ -139,21 +142,16 @@ def _hashable(op: str, group_id: Hashable) -> None:
         raise ProtocolError(f"{op}(group_id={group_id!r}): group ids must be hashable") from None
 
 
-def _check_version(op: str, version: object) -> None:
-    if not _is_int(version) or version < 0:  # type: ignore[operator]
-        raise ProtocolError(
-            f"{op}(version={version!r}): the version must be an int ≥ 0 (versions count training "
-            "steps from 0)"
-        )
-
-
 def _check_limit(name: str, value: int | None) -> None:
-    if value is not None and (not _is_int(value) or value < 1):
+    if value is not None and (not is_int(value) or value < 1):
         raise ConfigError(f"{name}={value!r}: must be an integer ≥ 1 or None; None means no limit")
 
 
 class BufferPolicy:
-    """PSRL's staleness buffer plus an optional concurrency limit on running groups."""
+    """PSRL's staleness buffer plus an optional concurrency limit on running groups.
+
+    It keeps no counters or sets of its own: running groups are the buffer's RESERVED entries,
+    and every count it reports is the buffer's."""
 
     name = "buffer"
 
@@ -163,10 +161,6 @@ class BufferPolicy:
         _check_limit("max_concurrent", max_concurrent)
         self.buffer = buffer
         self.max_concurrent = max_concurrent
-        self._running: set[Hashable] = set()
-        self._admitted = 0
-        self._completed = 0
-        self._aborted: Counter[str] = Counter()
 
     @property
     def version(self) -> int:
@@ -183,7 +177,7 @@ class BufferPolicy:
     def capacity(self, version: int | None = None) -> int:
         free = self.buffer.capacity(version)
         if self.max_concurrent is not None:
-            free = min(free, self.max_concurrent - len(self._running))
+            free = min(free, self.max_concurrent - self.buffer.reserved_count)
         return free
 
     def try_admit(self, group_id: Hashable, version: int | None = None) -> Admission | None:
@@ -191,13 +185,11 @@ class BufferPolicy:
             raise ProtocolError(
                 f"try_admit(group_id={group_id!r}): the group is already in flight; use a fresh id"
             )
-        if self.max_concurrent is not None and len(self._running) >= self.max_concurrent:
+        if self.max_concurrent is not None and self.buffer.reserved_count >= self.max_concurrent:
             return None
         r = self.buffer.try_reserve(group_id, version)
         if r is None:
             return None
-        self._running.add(group_id)
-        self._admitted += 1
         return Admission(group_id, r.version, r.buffer_version)
 
     def complete(
@@ -205,46 +197,37 @@ class BufferPolicy:
     ) -> bool:
         """Occupy the group's entry; always True (the buffer never refuses a finished group)."""
         self.buffer.occupy(group_id, payload, segment_versions=segment_versions)
-        self._running.discard(group_id)
-        self._completed += 1
         return True
 
     def abort(self, group_id: Hashable, cause: str = "aborted") -> None:
         self.buffer.abort(group_id, cause)
-        self._running.discard(group_id)
-        self._aborted[cause] += 1
 
     def ready(self) -> bool:
         return self.buffer.ready()
 
     def consume(self) -> ConsumedBatch:
-        batch = self.buffer.consume()
-        for gid in batch.aborted:  # surplus reservations: the driver cancels them
-            self._running.discard(gid)
-            self._aborted["surplus"] += 1
-        return batch
+        """Consume buffer v; its surplus reservations are in ``aborted`` (the driver cancels them)."""
+        return self.buffer.consume()
 
     def is_running(self, group_id: Hashable) -> bool:
-        try:
-            return group_id in self._running
-        except TypeError:  # unhashable: never admitted
-            return False
+        where = self.buffer.lookup(group_id)
+        return where is not None and where[0] is EntryState.RESERVED
 
     def statistics(self) -> PolicyStatistics:
         s = self.buffer.statistics()
         return PolicyStatistics(
             policy=self.name,
             version=s.version,
-            staleness_bound=s.staleness_bound,
-            running=len(self._running),
+            staleness=s.staleness,
+            running=s.reserved,
             waiting=s.occupied,
-            admitted=self._admitted,
-            completed=self._completed,
+            admitted=s.reserved_total,
+            completed=s.occupied_total,
             consumed=s.consumed_groups,
-            aborted=MappingProxyType(dict(self._aborted)),
+            aborted=s.aborted,
             dropped=s.dropped,
             staleness_histogram=s.staleness_histogram,
-            violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness_bound),
+            violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness),
         )
 
     def snapshot(self) -> dict[str, Any]:
@@ -254,9 +237,17 @@ class BufferPolicy:
             "policy": self.name,
             "max_concurrent": self.max_concurrent,
             "buffer": self.buffer.snapshot(),
-            "admitted": self._admitted,
-            "completed": self._completed,
-            "aborted": dict(self._aborted),
+            # the buffer's own counts, repeated so a damaged snapshot is caught on load
+            **self._counts(self.buffer),
+        }
+
+    @staticmethod
+    def _counts(buffer: StalenessBuffer) -> dict[str, Any]:
+        s = buffer.statistics()
+        return {
+            "admitted": s.reserved_total,
+            "completed": s.occupied_total,
+            "aborted": dict(s.aborted),
         }
 
     def load_snapshot(self, snapshot: Mapping[str, Any]) -> None:
@@ -266,14 +257,14 @@ class BufferPolicy:
         with _reading_snapshot("buffer-policy"):
             _check_policy(snapshot, self.name)
             buffer = StalenessBuffer.restore(snapshot["buffer"])
-            admitted = int(snapshot["admitted"])
-            completed = int(snapshot["completed"])
-            aborted = Counter({str(k): int(n) for k, n in snapshot["aborted"].items()})
+            saved = {
+                "admitted": int(snapshot["admitted"]),
+                "completed": int(snapshot["completed"]),
+                "aborted": {str(k): int(n) for k, n in snapshot["aborted"].items()},
+            }
+            if saved != self._counts(buffer):
+                raise ValueError(f"the counts {saved} do not match the buffer's")
         self.buffer = buffer
-        self._running = {
-            gid for bv in buffer.versions_in_use() for gid in buffer.reserved_groups(bv)
-        }
-        self._admitted, self._completed, self._aborted = admitted, completed, aborted
 
 
 class CapacityPolicy:
@@ -293,7 +284,7 @@ class CapacityPolicy:
             problems.append(f"counter={counter!r}: must be a CapacityCounter")
         if _not_a(bool, drop_stale):
             problems.append(f"drop_stale={drop_stale!r}: must be true or false")
-        if not _is_int(start_version) or start_version < 0:
+        if not is_int(start_version) or start_version < 0:
             problems.append(f"start_version={start_version!r}: must be an integer ≥ 0")
         if problems:
             raise ConfigError(problems)
@@ -321,7 +312,7 @@ class CapacityPolicy:
 
     @property
     def staleness(self) -> int:
-        return self.counter.max_staleness
+        return self.counter.staleness
 
     @property
     def batch_size(self) -> int:
@@ -332,13 +323,13 @@ class CapacityPolicy:
         (AReaL reads it from the engines, so it moves only after a weight update), else the
         training version."""
         if version is not None:
-            _check_version("capacity", version)
+            check_version("capacity", version)
         return self.counter.capacity(self._v if version is None else min(version, self._v))
 
     def try_admit(self, group_id: Hashable, version: int | None = None) -> Admission | None:
         _hashable("try_admit", group_id)
         if version is not None:
-            _check_version("try_admit", version)
+            check_version("try_admit", version)
         if group_id in self._running or group_id in self._done_ids:
             raise ProtocolError(
                 f"try_admit(group_id={group_id!r}): the group is already in flight; use a fresh id"
@@ -370,7 +361,7 @@ class CapacityPolicy:
                 "segment_versions must be an iterable of ints, e.g. () or [3, 4]"
             ) from None
         for sv in segment_versions:
-            if not _is_int(sv) or sv < V or sv > self._v:
+            if not is_int(sv) or sv < V or sv > self._v:
                 raise ProtocolError(
                     f"complete(group_id={group_id!r}): segment version {sv!r} is outside "
                     f"[{V}, {self._v}]"
@@ -378,7 +369,7 @@ class CapacityPolicy:
         del self._running[group_id]
         self._completed += 1
         group = ConsumedGroup(group_id, V, payload)
-        if self.drop_stale and self._v - V > self.counter.max_staleness:
+        if self.drop_stale and self._v - V > self.counter.staleness:
             self.counter.rejected()
             self._drop(group)
             return False
@@ -415,9 +406,9 @@ class CapacityPolicy:
         self._consumed += len(groups)
         self._v = v + 1
         if self.drop_stale:  # what would be staler than η at the next step can never be trained
-            keep = [g for g in self._done if self._v - g.version <= self.counter.max_staleness]
+            keep = [g for g in self._done if self._v - g.version <= self.counter.staleness]
             for g in self._done:
-                if self._v - g.version > self.counter.max_staleness:
+                if self._v - g.version > self.counter.staleness:
                     self._done_ids.discard(g.group_id)
                     self._drop(g)
             self._done = deque(keep)
@@ -436,11 +427,11 @@ class CapacityPolicy:
             return False
 
     def statistics(self) -> PolicyStatistics:
-        eta = self.counter.max_staleness
+        bound = self.counter.staleness
         return PolicyStatistics(
             policy=self.name,
             version=self._v,
-            staleness_bound=eta,
+            staleness=bound,
             running=len(self._running),
             waiting=len(self._done),
             admitted=self._admitted,
@@ -449,7 +440,7 @@ class CapacityPolicy:
             aborted=MappingProxyType(dict(self._aborted)),
             dropped=self._dropped,
             staleness_histogram=MappingProxyType(dict(sorted(self._histogram.items()))),
-            violations=sum(n for k, n in self._histogram.items() if k > eta),
+            violations=sum(n for k, n in self._histogram.items() if k > bound),
         )
 
     def snapshot(self) -> dict[str, Any]:
@@ -460,7 +451,7 @@ class CapacityPolicy:
             "policy": self.name,
             "max_concurrent_rollouts": c.max_concurrent_rollouts,
             "consumer_batch_size": c.consumer_batch_size,
-            "max_staleness": c.max_staleness,
+            "max_staleness": c.staleness,  # the checkpoint's key (format kept)
             "version": self._v,
             "stat": dict(vars(c.stat)),
             "running": [[gid, v] for gid, v in self._running.items()],
@@ -483,7 +474,7 @@ class CapacityPolicy:
             limits = {
                 "max_concurrent_rollouts": c.max_concurrent_rollouts,
                 "consumer_batch_size": c.consumer_batch_size,
-                "max_staleness": c.max_staleness,
+                "max_staleness": c.staleness,
             }
             changed = [
                 f"{k}: {snapshot[k]!r} → {v!r}" for k, v in limits.items() if snapshot[k] != v

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from stalebound.core import ConfigError, ProtocolError
+from stalebound.core.checks import check_version, is_integral
 from stalebound.obs.prometheus import PrometheusExporter
 from stalebound.obs.records import (
     BUFFERS_FILE,
@@ -187,7 +188,7 @@ class RunLogger:
             self._check_open("log_step")
             if step is None:
                 step = self._last_step + 1
-            elif not _is_integral(step):
+            elif not is_integral(step):
                 raise ProtocolError(f"log_step(step={step!r}): the step must be an int")
             elif step <= self._last_step:
                 raise ProtocolError(
@@ -375,11 +376,8 @@ def _check_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 
 
 def _check_version(op: str, version: int | None) -> int | None:
-    if version is None:
-        return None
-    if not _is_integral(version):
-        raise ProtocolError(f"{op}(version={version!r}): the policy version must be an int")
-    return int(version)
+    """A step's policy version (numpy integers admitted), or ``None`` when it has none."""
+    return None if version is None else check_version(op, version, integral=True)
 
 
 def _rewrite_if_changed(path: Path, records: list[dict[str, Any]]) -> None:
@@ -396,14 +394,6 @@ def _rewrite_if_changed(path: Path, records: list[dict[str, Any]]) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-
-
-def _is_integral(value: object) -> bool:
-    # numbers.Integral / numbers.Real admit numpy scalars, which callers often hold; the
-    # exact-type tests first skip the slower abstract-class checks for plain numbers.
-    return type(value) is int or (
-        isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    )
 
 
 def _is_real(value: object) -> bool:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import numbers
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stalebound.core import EntryState, ProtocolError
+from stalebound.core.checks import is_integral
 from stalebound.userfiles import read_lines
 
 if TYPE_CHECKING:
@@ -162,12 +162,12 @@ class StalenessHistogram:
         pairs = values.items() if isinstance(values, Mapping) else Counter(values).items()
         update: Counter[int] = Counter()
         for staleness, count in pairs:
-            if not _is_int(staleness) or staleness < 0:
+            if not is_integral(staleness) or staleness < 0:
                 raise ProtocolError(
                     f"staleness {staleness!r}: staleness values are ints ≥ 0 (trained version "
                     "minus generating version); pass the per-item staleness"
                 )
-            if not _is_int(count) or count < 0:
+            if not is_integral(count) or count < 0:
                 raise ProtocolError(
                     f"staleness {staleness}: count {count!r} must be an int ≥ 0; pass how many "
                     "items had this staleness"
@@ -336,12 +336,4 @@ def summarize(data: RunData | str | Path) -> RunSummary:
         wall_time=max(times, default=0.0),
         metrics=metrics,
         staleness=data.staleness_histogram().counts,
-    )
-
-
-def _is_int(value: object) -> bool:
-    # numbers.Integral admits numpy's integer scalars, which callers often hold; the exact-type
-    # test first skips the slower abstract-class check for plain ints.
-    return type(value) is int or (
-        isinstance(value, numbers.Integral) and not isinstance(value, bool)
     )

@@ -118,7 +118,7 @@ class StalenessManager:
 
     @property
     def max_staleness(self) -> int:
-        return self.counter.max_staleness
+        return self.counter.staleness
 
     def get_capacity(self) -> int:
         """How many rollouts may start now; may be ≤ 0 (start none then).

@@ -1,0 +1,202 @@
+"""The coordinator's settings, resolved once per data-parallel rank, and the policy they build.
+
+Every default the staleness decisions depend on is decided here: the buffer policy's concurrency
+default (:data:`DEFAULT_BATCHES_IN_FLIGHT`), AReaL's capacity fallback (``max_concurrent_rollouts``
+unset → ``consumer_batch_size``), the input queue's size. The rollout section of the config is read
+duck-typed (any object with its attribute names), so ``core`` imports nothing from the rest of
+the project; the AReaL spelling of the bound (``max_head_offpolicyness``) is read at this edge only
+and is called ``staleness`` from here on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stalebound.core.buffer import StalenessBuffer
+from stalebound.core.capacity import CapacityCounter
+from stalebound.core.checks import is_int
+from stalebound.core.errors import ConfigError
+from stalebound.core.filters import GroupPostProcess, get_group_post_process
+from stalebound.core.policy import BufferPolicy, CapacityPolicy, StalenessPolicy
+
+__all__ = [
+    "DEFAULT_BATCHES_IN_FLIGHT",
+    "CoordinatorSettings",
+    "build_policy",
+    "resolve_settings",
+]
+
+DEFAULT_BATCHES_IN_FLIGHT = 8
+"""Without ``max_concurrent_rollouts``, the buffer policy lets at most this many batches (``8·B′``
+groups) generate at once, however large the bound is. The window allows ``(staleness + 1)·B′``,
+but beyond a few batches admission only floods the engines: with a bound of 1000 it would launch
+1001 batches at once, and the first step would wait for the last of them (its head buffer is
+reserved last). Set ``max_concurrent_rollouts`` to go beyond it."""
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    """Everything the coordinator decides with, per data-parallel rank."""
+
+    policy: str
+    """``buffer`` or ``capacity``."""
+    staleness: int
+    batch_size: int
+    buffer_size: int
+    group_size: int
+    group_redundancy: int
+    max_concurrent: int
+    queue_size: int
+    request_timeout: float | None
+    max_failures: int
+    drop_stale: bool = False
+    proactive: str = "null"
+    threshold: int = 0
+    stuck_timeout: float | None = None
+    max_retries: int = 1
+    post_process: GroupPostProcess | None = None
+    post_process_name: str = ""
+    metric: str = "score"
+    max_filtered: int = 256
+    watchdog: float | None = None
+    progress_log: float | None = None
+
+
+def _per_rank(name: str, value: object, dp: int, problems: list[str]) -> int:
+    if not is_int(value) or value < 1:  # type: ignore[operator]
+        problems.append(f"rollout.{name}={value!r}: must be an integer ≥ 1")
+        return 1
+    assert isinstance(value, int)
+    if value % dp:
+        problems.append(
+            f"rollout.{name}={value}: not divisible by train_data_parallel_size={dp}; each data-"
+            f"parallel rank gets an equal share, so choose a multiple of {dp}"
+        )
+        return max(1, value // dp)
+    return value // dp
+
+
+def _seconds(name: str, value: object, problems: list[str], why: str) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+    ):
+        problems.append(f"rollout.{name}={value!r}: must be a number of seconds > 0{why}")
+
+
+def _bound(config: Any) -> tuple[str, Any]:
+    """The bound and the name the config section spells it with: ``staleness`` when the section
+    has it, else AReaL's ``max_head_offpolicyness`` (read here, at the edge, only)."""
+    name = "staleness" if hasattr(config, "staleness") else "max_head_offpolicyness"
+    return name, getattr(config, name)
+
+
+def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
+    """The per-rank settings from a rollout config section; every problem is reported at once."""
+    problems: list[str] = []
+    if not is_int(dp) or dp < 1:
+        raise ConfigError(
+            f"train_data_parallel_size={dp!r}: must be an integer ≥ 1 (1 without data parallelism)"
+        )
+    policy = config.staleness_policy
+    if policy not in ("buffer", "capacity"):
+        problems.append(
+            f"rollout.staleness_policy={policy!r}: must be 'buffer' (per-trajectory bound) or "
+            "'capacity' (AReaL's aggregate bound)"
+        )
+    spelled, staleness = _bound(config)
+    if not is_int(staleness) or staleness < 0:
+        problems.append(f"rollout.{spelled}={staleness!r}: must be an integer ≥ 0")
+        staleness = 0
+    batch = _per_rank("consumer_batch_size", config.consumer_batch_size, dp, problems)
+    buffer_size = (
+        batch
+        if config.buffer_size is None
+        else _per_rank("buffer_size", config.buffer_size, dp, problems)
+    )
+    if config.max_concurrent_rollouts is not None:
+        concurrent = _per_rank(
+            "max_concurrent_rollouts", config.max_concurrent_rollouts, dp, problems
+        )
+    elif policy == "capacity":
+        concurrent = batch  # AReaL's fallback: max_concurrent_rollouts or consumer_batch_size
+    else:
+        concurrent = min(staleness + 1, DEFAULT_BATCHES_IN_FLIGHT) * buffer_size
+    queue = 16 * concurrent if config.queue_size is None else config.queue_size
+    if not is_int(queue) or queue < 1:
+        problems.append(f"rollout.queue_size={queue!r}: must be an integer ≥ 1, or None")
+    timeout = config.request_timeout
+    _seconds("request_timeout", timeout, problems, " (or a very large one to never time out)")
+    failures = config.max_consecutive_failures
+    if not is_int(failures) or failures < 1:
+        problems.append(f"rollout.max_consecutive_failures={failures!r}: must be an integer ≥ 1")
+    n = config.group_size
+    redundancy = n if config.group_redundancy is None else config.group_redundancy
+    pf = config.proactive_filter
+    if pf.method not in ("null", "retry", "truncate"):
+        problems.append(
+            f"rollout.proactive_filter.method={pf.method!r}: must be 'null', 'retry' or 'truncate'"
+        )
+    elif pf.method != "null" and policy != "buffer":
+        problems.append(
+            f"rollout.proactive_filter.method={pf.method!r}: acts on STUCK buffers, which only "
+            f"staleness_policy=buffer has (not {policy!r}); set it to null, or use "
+            "staleness_policy=buffer"
+        )
+    post: GroupPostProcess | None = None
+    if config.group_post_process.enable:
+        try:
+            post = get_group_post_process(config.group_post_process.name)
+        except ConfigError as e:
+            problems.extend(e.problems)
+    for name in ("watchdog_timeout_s", "progress_log_s"):
+        _seconds(name, getattr(config, name), problems, ", or None")
+    if problems:
+        raise ConfigError(problems)
+    return CoordinatorSettings(
+        policy=policy,
+        staleness=staleness,
+        batch_size=batch,
+        buffer_size=buffer_size,
+        group_size=n,
+        group_redundancy=redundancy,
+        max_concurrent=concurrent,
+        queue_size=queue,
+        request_timeout=None if timeout is None or timeout == float("inf") else float(timeout),
+        max_failures=failures,
+        drop_stale=config.reject_stale_results,
+        proactive=pf.method,
+        threshold=pf.threshold,
+        stuck_timeout=pf.stuck_timeout_s,
+        max_retries=pf.max_retries,
+        post_process=post,
+        post_process_name=config.group_post_process.name,
+        metric=config.filter_groups.metric,
+        max_filtered=config.max_consecutive_filtered,
+        watchdog=config.watchdog_timeout_s,
+        progress_log=config.progress_log_s,
+    )
+
+
+def build_policy(
+    settings: CoordinatorSettings,
+    start_version: int = 0,
+    *,
+    counter: CapacityCounter | None = None,
+) -> StalenessPolicy:
+    """The staleness policy the settings name. The capacity policy uses ``counter`` when given
+    (an AReaL ``StalenessManager``'s, whose limits are then the ones enforced)."""
+    s = settings
+    if s.policy == "buffer":
+        buffer = StalenessBuffer(
+            s.batch_size,
+            s.staleness,
+            group_size=s.group_size,
+            buffer_size=s.buffer_size,
+            group_redundancy=s.group_redundancy,
+            start_version=start_version,
+        )
+        return BufferPolicy(buffer, max_concurrent=s.max_concurrent)
+    if counter is None:
+        counter = CapacityCounter(s.max_concurrent, s.batch_size, s.staleness)
+    return CapacityPolicy(counter, drop_stale=s.drop_stale, start_version=start_version)
