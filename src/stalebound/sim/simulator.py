@@ -695,14 +695,17 @@ class Simulation:
             carry[type(action)](action)
 
     def _after_event(self) -> None:
-        """While the coordinator says capacity or results may have changed: the idle trainer
-        asks for a batch, then the dispatcher admits what the free engine slots hold."""
+        """While the coordinator says capacity or results may have changed (``Wake``): the
+        dispatcher admits what the free engine slots hold, then the idle trainer asks for a
+        batch — the order the executor's dispatcher task and waiting trainer run in."""
         now = self.queue.now
         while self._wake and self._stopped is None:
             self._wake = False
+            self._dispatch(now)
+            if self._wake:
+                continue  # woken again by its own admissions: the dispatcher runs again first
             if not self.trainer.training:
                 self._feed(BatchWanted(self.settings.batch_size, now))
-            self._dispatch(now)
         self.engines.reschedule(self.queue)
         if self.buffer is not None:
             self._track_head(now)
