@@ -214,7 +214,7 @@ class WorkflowExecutor(LoopThread):
         if self._engine_set_version is not None:
             self._engine_set_version(version)
         self._published = version
-        self._kick_threadsafe()
+        self._soon(lambda: self._handle(ev.VersionPublished(version, self._now())))
 
     # ------------------------------------------------------------------ submission
 

@@ -182,6 +182,17 @@ class LoopThread:
             self._kick_pending = True
             loop.call_soon_threadsafe(self._kicked)
 
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop thread: at once when called there, else by a hop that
+        does not wait; nothing before the loop runs or once it is closed."""
+        loop = self._loop
+        if loop is None or self._closed:
+            return
+        if threading.get_ident() == self._loop_tid:
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
+
     def _kicked(self) -> None:
         self._kick_pending = False
         self._kick()
