@@ -83,6 +83,7 @@ class WorkflowExecutor(LoopThread):
     with the capacity policy its counters and limits are the policy's; with the buffer policy it
     is an extra admission gate, driven through its lifecycle callbacks. ``action_log``, when
     given, is called on the loop thread with every event and the actions it produced.
+    ``loop_factory`` builds its event loop, whose ``time()`` is its clock (:class:`LoopThread`).
 
     Call :meth:`initialize` first and :meth:`destroy` at the end (or use ``with``).
     """
@@ -94,6 +95,7 @@ class WorkflowExecutor(LoopThread):
         staleness_manager: StalenessManager | None = None,
         *,
         action_log: ev.ActionLog | None = None,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
     ) -> None:
         self.config = config
         self.inference_engine = inference_engine
@@ -101,7 +103,7 @@ class WorkflowExecutor(LoopThread):
         self.action_log = action_log
         self._engine_version: Callable[[], int] | None = _method(inference_engine, "get_version")
         self._engine_set_version = _method(inference_engine, "set_version")
-        super().__init__()
+        super().__init__(loop_factory)
         self._published = 0
         self._settings: CoordinatorSettings | None = None
         self._coord: Coordinator | None = None

@@ -24,9 +24,15 @@ _Self = TypeVar("_Self", bound="LoopThread")
 
 
 class LoopThread:
-    """A loop thread with a dispatcher task; subclasses supply :meth:`_dispatch_forever`."""
+    """A loop thread with a dispatcher task; subclasses supply :meth:`_dispatch_forever`.
 
-    def __init__(self) -> None:
+    ``loop_factory`` builds the event loop (default :func:`asyncio.new_event_loop`). Its
+    ``time()`` is the clock of everything run on it — every event's time and every timer — so a
+    test can pass a loop with a virtual clock and replay a run step by step, without sleeping.
+    """
+
+    def __init__(self, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> None:
+        self._loop_factory = loop_factory or asyncio.new_event_loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._loop_tid: int | None = None
@@ -81,7 +87,7 @@ class LoopThread:
         thread.join()
 
     def _run_loop(self, started: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
+        loop = self._loop_factory()
         asyncio.set_event_loop(loop)
         self._loop = loop
         self._loop_tid = threading.get_ident()
