@@ -118,7 +118,6 @@ class WorkflowExecutor(LoopThread):
         self._output: deque[tuple[Trajectory, ...]] = deque()
         # Settled untrained, not yet drained: appended on the loop thread, drained from any.
         self._outcomes: deque[tuple[int, str]] = deque()
-        self._waiters: list[asyncio.Future[None]] = []
         self._timers = NamedTimers(self._timer_fired)  # the coordinator's, by name
         self._progress_handle: asyncio.TimerHandle | None = None
         self._stopped: RolloutError | None = None
@@ -370,14 +369,19 @@ class WorkflowExecutor(LoopThread):
     def _request(
         self, count: int, timeout: float | None, source: ItemSource | None, op: str
     ) -> list[Trajectory]:
-        """Answer at once when enough is ready, else wait on the loop."""
+        """Answer at once when enough is ready, else wait on the loop — parked in the same hop, so
+        no wake-up before the waiting task starts is lost and it need not ask again at once."""
+        parked: list[asyncio.Future[None]] = []
 
         def now() -> list[Trajectory] | None:
             if source is not None:
                 self._set_source(source)
-            return self._pop(count) if self._fill(count) else None
+            if self._fill(count):
+                return self._pop(count)
+            parked.append(self._park())
+            return None
 
-        return self._answer(op, now, lambda: self._take(count, timeout))
+        return self._answer(op, now, lambda: self._take(count, timeout, parked))
 
     def _loop_started(self, loop: asyncio.AbstractEventLoop) -> None:
         timeout = self._settings.request_timeout if self._settings else None
@@ -542,13 +546,6 @@ class WorkflowExecutor(LoopThread):
 
     # ------------------------------------------------------------------ the trainer's side
 
-    def _notify(self) -> None:
-        if self._waiters:
-            waiters, self._waiters = self._waiters, []
-            for f in waiters:
-                if not f.done():
-                    f.set_result(None)
-
     def _fill(self, count: int) -> bool:
         """Have ready batches consumed until ``count`` groups are waiting; whether there are."""
         missing = count - len(self._output)
@@ -563,10 +560,10 @@ class WorkflowExecutor(LoopThread):
             result.extend(out.popleft())
         return result
 
-    async def _take(self, count: int, timeout: float | None) -> list[Trajectory]:
+    async def _take(self, count: int, timeout: float | None, parked: list[Any]) -> list[Trajectory]:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        while not self._fill(count):
+        while parked or not self._fill(count):
             error, self._source_error = self._source_error, None
             if error is not None:
                 raise error
@@ -574,8 +571,7 @@ class WorkflowExecutor(LoopThread):
                 raise self._stopped
             if self._closed:
                 raise ProtocolError("wait(): the executor was destroyed while waiting")
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._waiters.append(waiter)
+            waiter = parked.pop() if parked else self._park()
             if deadline is None:
                 await waiter
                 continue

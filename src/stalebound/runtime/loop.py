@@ -39,6 +39,7 @@ class LoopThread:
         self._closed = False
         self._wake: asyncio.Event | None = None
         self._kick_pending = False
+        self._waiters: list[asyncio.Future[None]] = []  # of callers waiting for results
 
     # ------------------------------------------------------------------ for subclasses
 
@@ -198,6 +199,23 @@ class LoopThread:
             fn(*args)
         else:
             loop.call_soon_threadsafe(fn, *args)
+
+    # ------------------------------------------------------------------ waking waiting callers
+
+    def _park(self) -> asyncio.Future[None]:
+        """A future the next :meth:`_notify` resolves (call on the loop thread)."""
+        assert self._loop is not None
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def _notify(self) -> None:
+        """Wake every caller parked in :meth:`_park`."""
+        if self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for f in waiters:
+                if not f.done():
+                    f.set_result(None)
 
     def _kicked(self) -> None:
         self._kick_pending = False
