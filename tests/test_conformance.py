@@ -20,19 +20,22 @@ one per engine answer, yielding no action) are left out.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, cast
 
 import pytest
 
+from scripted import Episode, ProtocolEngine, RequestCall, parked_in_wait, quiesce
 from stalebound.config import (
     FilterGroupsConfig,
     GroupPostProcessConfig,
     ProactiveFilterConfig,
     RolloutConfig,
 )
-from stalebound.core import MemberResult
+from stalebound.core import MemberId, MemberResult
 from stalebound.core.coordinator import Coordinator
 from stalebound.core.events import (
     AbortRequest,
@@ -58,6 +61,7 @@ from stalebound.core.events import (
     Wake,
 )
 from stalebound.core.settings import CoordinatorSettings, build_policy, resolve_settings
+from stalebound.runtime import WorkflowExecutor
 from stalebound.sim.config import workload_from_dict
 from stalebound.sim.simulator import Simulation
 from stalebound.sim.workload import TrajectorySpec
@@ -169,8 +173,8 @@ SCENARIOS = [
             (4, 1): (7, "ok", 0.0),
             (2, 1): (8, "ok", 0.0),
             (2, 2): (9, "ok", 1.0),
-            (6, 0): (10, "ok", 0.0),
-            (6, 1): (11, "ok", 1.0),
+            (3, 0): (10, "ok", 0.0),
+            (3, 1): (11, "ok", 1.0),
         },
         expect=("filtered", "member failed", "relaunch", "batch"),
     ),
@@ -322,7 +326,11 @@ def run_coordinator(sc: Scenario) -> World:
                 feed(Submitted(state["submitted"]))
                 state["submitted"] += 1
             if coord.queued:
-                feed(Dispatch(now, min(state["engine"], coord.version)))
+                version = min(state["engine"], coord.version)
+                # AReaL's capacity gates admission under the capacity policy (the executor's
+                # StalenessManager); nothing else does here
+                gated = s.policy == "capacity"
+                feed(Dispatch(now, version, coord.capacity(version) if gated else None))
             if state["wake"]:
                 continue
             if not state["training"]:
@@ -422,14 +430,108 @@ def run_simulator(sc: Scenario, world: World) -> Log:
     return log
 
 
-# ----------------------------------------------------------------------------- the tests
+# ----------------------------------------------------------------------------- (b) executor
+
+
+@dataclass
+class VirtualClock:
+    now: float = 0.0
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock the test sets: timers fire once the test has moved the clock
+    past them and the loop next wakes (every hop onto it wakes it)."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__()
+        self._clock = clock
+
+    def time(self) -> float:
+        return self._clock.now
+
+
+def run_executor(sc: Scenario, world: World) -> Log:
+    """(b): the executor with a scripted engine, replaying what happened in (a) — the same
+    answers at the same times, the trainer asking and publishing at the same moments. Its own
+    dispatches, timers, truncations and re-asks of a waiting trainer are its own doing."""
+    clock = VirtualClock()
+    engine = ProtocolEngine()
+    log: Log = []
+    ex = WorkflowExecutor(
+        sc.config,
+        engine,
+        action_log=lambda event, actions: log.append((event, actions)),
+        loop_factory=lambda: VirtualTimeLoop(clock),
+    ).initialize()
+    workflow = Episode()
+    batch = sc.settings.batch_size
+    trainer: threading.Thread | None = None
+    asks = True  # the trainer's next BatchWanted is its own call (not a re-ask while parked)
+    cut: set[Any] = {
+        a.member for _, acts in world.log for a in acts if isinstance(a, TruncateMember)
+    }
+
+    def call_of(member: MemberId) -> RequestCall:
+        launched = ex._call(
+            lambda: [a.member for _, acts in log for a in acts if isinstance(a, LaunchMember)]
+        )
+        return engine.calls[launched.index(member)]
+
+    def submit_all() -> None:
+        for i in range(sc.prompts):
+            ex.submit(i, workflow)
+
+    def ask() -> threading.Thread:
+        thread = threading.Thread(target=ex.wait, args=(batch,), daemon=True)
+        thread.start()
+        quiesce(ex, engine, until=parked_in_wait(ex, thread))
+        return thread
+
+    try:
+        for event, _ in world.log:
+            if isinstance(event, Submitted):
+                if event.sample == 0:  # all of them, in one hop: one dispatch takes them in
+                    ex._call(submit_all)
+                continue
+            if isinstance(event, Dispatch):
+                continue  # the executor's dispatcher does that by itself
+            if isinstance(event, BatchWanted):
+                if asks:
+                    asks = False
+                    trainer = ask()
+                continue
+            now = getattr(event, "now", clock.now)
+            assert now >= clock.now
+            clock.now = now
+            if isinstance(event, MemberFinished):
+                if event.member not in cut:  # a truncated member returns by itself
+                    score = event.result["score"]
+                    engine.answer(call_of(event.member), score=score)
+            elif isinstance(event, MemberFailed):
+                engine.answer(call_of(event.member), error=RuntimeError("failed"))
+            elif isinstance(event, VersionPublished):
+                assert trainer is not None
+                trainer.join(20)
+                assert not trainer.is_alive(), "the trainer got no batch"
+                ex.set_version(event.version)
+                asks = True
+            elif not isinstance(event, TimerFired):  # a timer fires when the clock passes it
+                raise AssertionError(f"no way to replay {event}")
+            quiesce(ex, engine)
+    finally:
+        ex.destroy()
+    return log
+
+
+# ----------------------------------------------------------------------------- the test
 
 
 @pytest.mark.parametrize(
     "sc", SCENARIOS, ids=[sc.name.split(":")[0] + str(i) for i, sc in enumerate(SCENARIOS)]
 )
-def test_coordinator_and_simulator_decide_alike(sc: Scenario) -> None:
+def test_the_coordinator_the_executor_and_the_simulator_decide_alike(sc: Scenario) -> None:
     world = run_coordinator(sc)
     missing = set(sc.expect) - features(world.log)
     assert not missing, f"{sc.name}: the scenario no longer exercises {sorted(missing)}"
-    assert_same(sc.name, world.log, run_simulator(sc, world))
+    assert_same(f"{sc.name}, simulator", world.log, run_simulator(sc, world))
+    assert_same(f"{sc.name}, executor", world.log, run_executor(sc, world))

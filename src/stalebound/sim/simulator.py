@@ -711,24 +711,30 @@ class Simulation:
             self._track_head(now)
 
     def _dispatch(self, now: float) -> None:
-        budget: int | None = self.engines.free_slots // self.launch
-        if budget == 0:
-            return
-        assert budget is not None
-        want = budget
-        if budget >= self.settings.max_concurrent:
-            budget = None  # the coordinator's own limit binds first
-        self._intake(want)
-        if self.coordinator.queued:
-            version = min(self.engine_version, self.coordinator.version)
+        """What the executor's dispatcher does: draw prompts as a data loader is drawn (as many as
+        admission will take, and one more it refuses), then let the coordinator admit. The
+        budget is the free engine slots (``None`` when they cannot bind before the coordinator's
+        own limit) and, under the capacity policy, AReaL's capacity, which the executor's
+        ``StalenessManager`` passes as its gate."""
+        coord = self.coordinator
+        version = min(self.engine_version, coord.version)
+        slots = self.engines.free_slots // self.launch
+        budget = None if slots >= self.settings.max_concurrent else slots
+        capacity = coord.capacity(version)
+        if self.settings.policy == "capacity":
+            budget = capacity if budget is None else min(budget, capacity)
+        if self._prompts is None:
+            want = max(capacity, 0) + 1
+            if budget is not None:
+                want = min(want, budget)
+            self._intake(want - coord.queued)
+        else:
+            self._intake(self._prompts - self._submitted)
+        if coord.queued:
             self._feed(Dispatch(now, version, budget))
 
-    def _intake(self, want: int) -> None:
-        """Keep ``want`` prompts queued for admission (all of them when the prompts are few)."""
-        if self._prompts is None:
-            count = want - self.coordinator.queued
-        else:
-            count = self._prompts - self._submitted
+    def _intake(self, count: int) -> None:
+        """Queue ``count`` more prompts for admission, in order."""
         for _ in range(count):
             self._submitted += 1
             self._feed(Submitted(self._submitted - 1))
