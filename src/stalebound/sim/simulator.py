@@ -109,7 +109,8 @@ _REPLICA, _TOOL, _CUT, _TRAIN_DONE, _SYNC, _TIMER = range(6)
 # episode returns on the next event)
 _DECODING, _TOOL_CALL, _ENDING, _CUTTING, _FINISHED, _GONE = range(6)
 
-# how the coordinator's causes are counted per member (the simulator's result keys)
+# How the coordinator's causes are counted per member (the simulator's result keys): a member
+# stopped or thrown away with its failed group is "aborted"; "failed" counts its own failures.
 _COUNTED_AS = {"abandoned": "aborted", "failed": "aborted"}
 
 
@@ -525,7 +526,14 @@ def coordinator_settings(
 
 
 class Simulation:
-    """One policy at one η on one workload (see the module docstring)."""
+    """One policy at one η on one workload (see the module docstring).
+
+    ``source`` hands out the trajectories (default: drawn from the workload with ``seed``);
+    ``settings`` replaces the coordinator settings derived from the workload
+    (:func:`coordinator_settings`); ``prompts`` limits the run to that many prompts, all queued at
+    the start (default: endless, drawn as admission takes them); ``action_log`` is called with
+    every event handed to the coordinator and the actions it returned.
+    """
 
     def __init__(
         self,
@@ -1012,6 +1020,9 @@ class Simulation:
         truncated = self.counts["truncated_trained"] - mark["truncated"]
         decided = self.tokens["wasted"] + self.tokens["trained"]
         counts = dict(self.counts)
+        c = self.coordinator.counts
+        counts["pulled_forward"] = c.pulled_forward_groups
+        counts["groups_truncated"] = c.truncated_groups
         counts.update(self.conservation())
         return SimResult(
             policy=self.spec.name,
