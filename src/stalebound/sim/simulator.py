@@ -38,7 +38,6 @@ from stalebound.core import (
     ConfigError,
     InvariantError,
     MemberId,
-    StalenessBuffer,
 )
 from stalebound.core.coordinator import Coordinator
 from stalebound.core.events import (
@@ -564,7 +563,7 @@ class Simulation:
         self.settings = settings or coordinator_settings(cfg, self.spec, self.eta)
         self.launch = self.settings.group_redundancy
         self.coordinator = Coordinator(build_policy(self.settings), self.settings)
-        self.buffer: StalenessBuffer | None = self.coordinator.buffer
+        self.buffer = self.coordinator.buffer  # read for the STUCK metrics, never changed here
         self.source: TrajectorySource = source or SampledSource(cfg, seed, self.launch)
         self.recorder = recorder
         self.action_log = action_log
