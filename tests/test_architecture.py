@@ -95,11 +95,14 @@ DECIDERS = {
 
 
 def test_drivers_decide_nothing_themselves() -> None:
-    """The executor's runtime and the Ray backend reach staleness decisions only through the
-    coordinator (AReaL's StalenessManager wraps the capacity arithmetic, as AReaL's does)."""
+    """The executor's runtime, the Ray backend and the simulator reach staleness decisions only
+    through the coordinator (AReaL's StalenessManager wraps the capacity arithmetic, as AReaL's
+    does)."""
     root = CORE.parent
     offenders = {}
-    for path in [*(root / "runtime").glob("*.py"), *(root / "distributed").glob("*.py")]:
+    for path in (
+        p for layer in ("runtime", "distributed", "sim") for p in (root / layer).glob("*.py")
+    ):
         for name in imported_names(path):
             if name.startswith("stalebound.core") and name.rsplit(".", 1)[-1] in DECIDERS:
                 offenders[f"{path.parent.name}/{path.name}"] = name

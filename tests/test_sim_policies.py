@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from stalebound.core.events import Retry, TruncateMember
 from stalebound.obs.trace import TraceRecorder
 from stalebound.sim.config import WorkloadConfig, workload_from_dict
 from stalebound.sim.engine import EventQueue
@@ -152,3 +153,27 @@ def test_a_weight_sync_delay_slows_synchronous_training() -> None:
     slow = simulate(tail(engine={"sync_delay": 2.0}), "sync", 0, seed=0)
     assert slow.throughput < fast.throughput
     assert slow.violations == 0
+
+
+def test_the_proactive_filter_decides_as_the_runtime_does() -> None:
+    # The coordinator decides, not the simulator: it truncates while the trainer is still busy
+    # (a STUCK head is acted on as soon as its stragglers are overtaken), and a prompt is
+    # retried at most max_retries times.
+    busy_cuts = []
+    sim: Simulation
+
+    def watch(event: Any, actions: list[Any]) -> None:
+        if any(isinstance(a, TruncateMember) for a in actions):
+            busy_cuts.append(sim.trainer.training)
+
+    sim = Simulation(tail(), "buffer+truncate", 1, seed=0, action_log=watch)
+    sim.run()
+    assert any(busy_cuts)
+    retries = []
+
+    def count(event: Any, actions: list[Any]) -> None:
+        retries.extend(a.retries for a in actions if isinstance(a, Retry))
+
+    Simulation(tail(), "buffer+retry", 1, seed=0, action_log=count).run()
+    assert retries
+    assert max(retries) <= sim.settings.max_retries

@@ -293,7 +293,9 @@ class Coordinator:
         self.counts = CoordinatorCounts()
         self._gate = gate
         self._guard: AbstractContextManager[Any] = guard if guard is not None else nullcontext()
-        self._tracker = GroupTracker(settings.group_size, settings.group_redundancy)
+        self._tracker = GroupTracker(
+            settings.group_size, settings.group_redundancy, max_relaunches=settings.max_relaunches
+        )
         self._buffer: StalenessBuffer | None = (
             policy.buffer if isinstance(policy, BufferPolicy) else None
         )

@@ -61,6 +61,8 @@ class CoordinatorSettings:
     max_filtered: int = 256
     watchdog: float | None = None
     progress_log: float | None = None
+    max_relaunches: int | None = None
+    """Relaunches of failed members per group; ``None``: up to N (the group tracker's default)."""
 
 
 def _per_rank(name: str, value: object, dp: int, problems: list[str]) -> int:

@@ -83,6 +83,7 @@ class WorkflowExecutor(LoopThread):
     with the capacity policy its counters and limits are the policy's; with the buffer policy it
     is an extra admission gate, driven through its lifecycle callbacks. ``action_log``, when
     given, is called on the loop thread with every event and the actions it produced.
+    ``loop_factory`` builds its event loop, whose ``time()`` is its clock (:class:`LoopThread`).
 
     Call :meth:`initialize` first and :meth:`destroy` at the end (or use ``with``).
     """
@@ -94,6 +95,7 @@ class WorkflowExecutor(LoopThread):
         staleness_manager: StalenessManager | None = None,
         *,
         action_log: ev.ActionLog | None = None,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
     ) -> None:
         self.config = config
         self.inference_engine = inference_engine
@@ -101,7 +103,7 @@ class WorkflowExecutor(LoopThread):
         self.action_log = action_log
         self._engine_version: Callable[[], int] | None = _method(inference_engine, "get_version")
         self._engine_set_version = _method(inference_engine, "set_version")
-        super().__init__()
+        super().__init__(loop_factory)
         self._published = 0
         self._settings: CoordinatorSettings | None = None
         self._coord: Coordinator | None = None
@@ -116,7 +118,6 @@ class WorkflowExecutor(LoopThread):
         self._output: deque[tuple[Trajectory, ...]] = deque()
         # Settled untrained, not yet drained: appended on the loop thread, drained from any.
         self._outcomes: deque[tuple[int, str]] = deque()
-        self._waiters: list[asyncio.Future[None]] = []
         self._timers = NamedTimers(self._timer_fired)  # the coordinator's, by name
         self._progress_handle: asyncio.TimerHandle | None = None
         self._stopped: RolloutError | None = None
@@ -214,7 +215,7 @@ class WorkflowExecutor(LoopThread):
         if self._engine_set_version is not None:
             self._engine_set_version(version)
         self._published = version
-        self._kick_threadsafe()
+        self._soon(lambda: self._handle(ev.VersionPublished(version, self._now())))
 
     # ------------------------------------------------------------------ submission
 
@@ -368,14 +369,19 @@ class WorkflowExecutor(LoopThread):
     def _request(
         self, count: int, timeout: float | None, source: ItemSource | None, op: str
     ) -> list[Trajectory]:
-        """Answer at once when enough is ready, else wait on the loop."""
+        """Answer at once when enough is ready, else wait on the loop — parked in the same hop, so
+        no wake-up before the waiting task starts is lost and it need not ask again at once."""
+        parked: list[asyncio.Future[None]] = []
 
         def now() -> list[Trajectory] | None:
             if source is not None:
                 self._set_source(source)
-            return self._pop(count) if self._fill(count) else None
+            if self._fill(count):
+                return self._pop(count)
+            parked.append(self._park())
+            return None
 
-        return self._answer(op, now, lambda: self._take(count, timeout))
+        return self._answer(op, now, lambda: self._take(count, timeout, parked))
 
     def _loop_started(self, loop: asyncio.AbstractEventLoop) -> None:
         timeout = self._settings.request_timeout if self._settings else None
@@ -540,13 +546,6 @@ class WorkflowExecutor(LoopThread):
 
     # ------------------------------------------------------------------ the trainer's side
 
-    def _notify(self) -> None:
-        if self._waiters:
-            waiters, self._waiters = self._waiters, []
-            for f in waiters:
-                if not f.done():
-                    f.set_result(None)
-
     def _fill(self, count: int) -> bool:
         """Have ready batches consumed until ``count`` groups are waiting; whether there are."""
         missing = count - len(self._output)
@@ -561,10 +560,10 @@ class WorkflowExecutor(LoopThread):
             result.extend(out.popleft())
         return result
 
-    async def _take(self, count: int, timeout: float | None) -> list[Trajectory]:
+    async def _take(self, count: int, timeout: float | None, parked: list[Any]) -> list[Trajectory]:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        while not self._fill(count):
+        while parked or not self._fill(count):
             error, self._source_error = self._source_error, None
             if error is not None:
                 raise error
@@ -572,8 +571,7 @@ class WorkflowExecutor(LoopThread):
                 raise self._stopped
             if self._closed:
                 raise ProtocolError("wait(): the executor was destroyed while waiting")
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._waiters.append(waiter)
+            waiter = parked.pop() if parked else self._park()
             if deadline is None:
                 await waiter
                 continue

@@ -24,15 +24,22 @@ _Self = TypeVar("_Self", bound="LoopThread")
 
 
 class LoopThread:
-    """A loop thread with a dispatcher task; subclasses supply :meth:`_dispatch_forever`."""
+    """A loop thread with a dispatcher task; subclasses supply :meth:`_dispatch_forever`.
 
-    def __init__(self) -> None:
+    ``loop_factory`` builds the event loop (default :func:`asyncio.new_event_loop`). Its
+    ``time()`` is the clock of everything run on it — every event's time and every timer — so a
+    test can pass a loop with a virtual clock and replay a run step by step, without sleeping.
+    """
+
+    def __init__(self, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> None:
+        self._loop_factory = loop_factory or asyncio.new_event_loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._loop_tid: int | None = None
         self._closed = False
         self._wake: asyncio.Event | None = None
         self._kick_pending = False
+        self._waiters: list[asyncio.Future[None]] = []  # of callers waiting for results
 
     # ------------------------------------------------------------------ for subclasses
 
@@ -81,7 +88,7 @@ class LoopThread:
         thread.join()
 
     def _run_loop(self, started: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
+        loop = self._loop_factory()
         asyncio.set_event_loop(loop)
         self._loop = loop
         self._loop_tid = threading.get_ident()
@@ -181,6 +188,34 @@ class LoopThread:
             # at most one pending hop: a burst of submissions costs one wake-up
             self._kick_pending = True
             loop.call_soon_threadsafe(self._kicked)
+
+    def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop thread: at once when called there, else by a hop that
+        does not wait; nothing before the loop runs or once it is closed."""
+        loop = self._loop
+        if loop is None or self._closed:
+            return
+        if threading.get_ident() == self._loop_tid:
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
+
+    # ------------------------------------------------------------------ waking waiting callers
+
+    def _park(self) -> asyncio.Future[None]:
+        """A future the next :meth:`_notify` resolves (call on the loop thread)."""
+        assert self._loop is not None
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def _notify(self) -> None:
+        """Wake every caller parked in :meth:`_park`."""
+        if self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for f in waiters:
+                if not f.done():
+                    f.set_result(None)
 
     def _kicked(self) -> None:
         self._kick_pending = False

@@ -201,8 +201,9 @@ class RedundancyConfig:
 class ProactiveConfig:
     """The proactive filter of ``buffer+retry`` / ``buffer+truncate``.
 
-    It acts on a STUCK head buffer that blocks an idle trainer, when the head holds at most
-    ``threshold`` RESERVED entries and has been STUCK for at least ``stuck_time`` seconds.
+    It acts on a STUCK head buffer that holds at most ``threshold`` RESERVED entries: at once on
+    overtaken groups (``stuck_time = 0``), else once the head has been STUCK ``stuck_time``
+    seconds — ``rollout.proactive_filter`` of ``stalebound train``.
     """
 
     threshold: int = field(default=4, metadata=bounds(ge=1, fix="give reserved entries"))

@@ -1,12 +1,23 @@
-"""The simulator: the core's staleness policies driven on a virtual clock.
+"""The simulator: a virtual clock, an engine model and a trainer model driving the core's coordinator.
 
-One :class:`Simulation` runs one policy at one η on one seeded workload. It holds the real core
-objects — a :class:`~stalebound.core.StalenessPolicy` (``BufferPolicy`` or ``CapacityPolicy``) and a
-:class:`~stalebound.core.GroupTracker` — and plays the cluster around them: the dispatcher asks
-``try_admit`` while engine slots are free, the engines (:class:`~stalebound.sim.engine.Replica`)
-decode, finished members go to the tracker, complete groups to ``complete``, and the trainer calls
-``consume`` whenever ``ready()`` is true and it is idle. After each train step the engines serve the
-next version (after ``engine.sync_delay``). Nothing of the protocol is re-implemented here.
+One :class:`Simulation` runs one policy at one η on one seeded workload. Every staleness decision —
+admission, reservation, groups (N of N′, relaunches), occupy, consume, surplus, filters, the
+proactive filter and its timer — is the :class:`~stalebound.core.Coordinator`'s, the same object
+``stalebound train`` runs in its executor. The simulator only plays the world around it:
+
+* the clock (:class:`~stalebound.sim.engine.EventQueue`): events ordered by time, then sequence;
+* the engines (:class:`EngineModel`): replicas with continuous batching decode each member's
+  segments; a member's end becomes ``MemberFinished`` or ``MemberFailed``;
+* the trainer (:class:`TrainerModel`): when idle it asks for a batch (``BatchWanted``), trains on
+  what is handed over, then publishes the next version (``VersionPublished``, after
+  ``engine.sync_delay``);
+* the dispatcher: whenever the coordinator says capacity may have opened (``Wake``), it keeps
+  prompts queued (``Submitted``) and asks for admissions (``Dispatch``) as far as free engine slots
+  allow.
+
+Actions are carried out in order: launch a member on a replica, abort or truncate one, arm or cancel
+a timer, train on a handed-over batch, count what ended untrained. With ``action_log`` every event
+and the actions it produced are reported, so a run can be compared with the executor's.
 
 Accounting is per trajectory (group member): every member launched ends trained, dropped, failed or
 cancelled (surplus, retried, aborted with its group), or is still in flight or waiting at the end;
@@ -18,29 +29,44 @@ from __future__ import annotations
 import gc
 import logging
 import math
-from collections import Counter, deque
-from collections.abc import Hashable
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from stalebound.core import (
-    BufferPolicy,
     BufferState,
-    CapacityCounter,
-    CapacityPolicy,
     ConfigError,
-    ConsumedBatch,
-    GroupComplete,
-    GroupFailed,
-    GroupTracker,
     InvariantError,
     MemberId,
-    Relaunch,
-    StalenessBuffer,
-    StalenessPolicy,
 )
+from stalebound.core.coordinator import Coordinator
+from stalebound.core.events import (
+    AbortGroup,
+    AbortRequest,
+    ActionLog,
+    ArmTimer,
+    BatchWanted,
+    CancelTimer,
+    Dispatch,
+    Event,
+    HandOverBatch,
+    LaunchMember,
+    MemberFailed,
+    MemberFinished,
+    ReportDrop,
+    ReportFailure,
+    ReportStall,
+    Retry,
+    StartGroup,
+    Stop,
+    Submitted,
+    TimerFired,
+    TruncateMember,
+    VersionPublished,
+    Wake,
+)
+from stalebound.core.settings import CoordinatorSettings, build_policy
 from stalebound.obs.trace import TraceRecorder, TrajectoryRecord
-from stalebound.sim import proactive
 from stalebound.sim.config import WorkloadConfig
 from stalebound.sim.engine import EventQueue, Replica, Sequence
 from stalebound.sim.workload import SampledSource, TrajectorySource, distribution_mean
@@ -48,10 +74,13 @@ from stalebound.sim.workload import SampledSource, TrajectorySource, distributio
 __all__ = [
     "POLICIES",
     "Bound",
+    "EngineModel",
     "PolicySpec",
     "SimResult",
     "Simulation",
+    "TrainerModel",
     "compute_bound",
+    "coordinator_settings",
     "policy_spec",
     "simulate",
 ]
@@ -68,11 +97,20 @@ POLICIES = (
     "buffer+truncate",
 )
 
-# event kinds
-_REPLICA, _TOOL, _TRAIN_DONE, _SYNC, _CHECK = range(5)
+PROACTIVE_MAX_RETRIES = 2
+"""How often the proactive filter may retry one prompt: the runtime's default
+(``rollout.proactive_filter.max_retries``)."""
 
-# member states
-_DECODING, _TOOL_CALL, _FINISHED, _GONE = range(4)
+# clock event kinds
+_REPLICA, _TOOL, _CUT, _TRAIN_DONE, _SYNC, _TIMER = range(6)
+
+# member states (_ENDING: its segment just ended, not yet reported; _CUTTING: truncated, its
+# episode returns on the next event)
+_DECODING, _TOOL_CALL, _ENDING, _CUTTING, _FINISHED, _GONE = range(6)
+
+# How the coordinator's causes are counted per member (the simulator's result keys): a member
+# stopped or thrown away with its failed group is "aborted"; "failed" counts its own failures.
+_COUNTED_AS = {"abandoned": "aborted", "failed": "aborted"}
 
 
 @dataclass(frozen=True)
@@ -225,7 +263,7 @@ class SimResult:
 
 
 class _Member:
-    """One trajectory in flight."""
+    """One trajectory: where it decodes, what it has generated, and how it ended."""
 
     __slots__ = (
         "end",
@@ -258,11 +296,17 @@ class _Member:
         self.replica: Replica | None = None
         self.seq: Sequence | None = None
 
+    @property
+    def score(self) -> float:
+        """The trajectory's reward, for group post-processors: a source's spec may carry one
+        (``spec.score``); sampled workloads have none (0.0)."""
+        return float(getattr(self.spec, "score", 0.0))
+
 
 class _Group:
-    """One admitted group: its prompt, attempt and members (all launched, in launch order)."""
+    """One admitted group: its prompt (the sample index), attempt and members, in launch order."""
 
-    __slots__ = ("attempt", "completed", "gid", "members", "prompt", "trained_members", "version")
+    __slots__ = ("attempt", "finished", "gid", "members", "prompt", "version")
 
     def __init__(self, gid: int, prompt: int, attempt: int, version: int) -> None:
         self.gid = gid
@@ -270,12 +314,225 @@ class _Group:
         self.attempt = attempt
         self.version = version
         self.members: dict[int, _Member] = {}
-        self.completed = False
-        self.trained_members: tuple[_Member, ...] = ()
+        self.finished = 0
+
+
+class EngineModel:
+    """Inference replicas with continuous batching (:class:`~stalebound.sim.engine.Replica`):
+    where each member decodes, when it finishes, and the slots and tokens that costs.
+
+    Members are placed round robin over replicas with a free slot; a member keeps its slot through
+    its tool calls. Replicas whose next completion changed are re-scheduled by :meth:`reschedule`
+    once per clock event."""
+
+    def __init__(self, cfg: WorkloadConfig) -> None:
+        e = cfg.engine
+        self.replicas = [
+            Replica(
+                i,
+                e.max_concurrency,
+                e.step_base,
+                e.step_per_seq,
+                prefill=e.prefill,
+                max_batch=e.max_batch,
+            )
+            for i in range(e.replicas)
+        ]
+        self.slots = e.replicas * e.max_concurrency
+        self.free_slots = self.slots
+        self.min_free_slots = self.slots
+        """The fewest free engine slots seen: slots − this is the peak in use."""
+        # replicas whose next completion must be re-derived, in first-touched order: a set would
+        # iterate in address order and make tie-breaks differ from run to run
+        self._dirty: dict[Replica, None] = {}
+        self._cursor = 0
+
+    def place(self, m: _Member, now: float) -> None:
+        """Give ``m`` a slot and start decoding its first segment."""
+        r = self.replicas[self._cursor]
+        if r.slots < r.max_slots:  # the usual case: round robin finds room at once
+            self._cursor = r.index + 1 if r.index + 1 < len(self.replicas) else 0
+        else:
+            r = self._pick()
+        r.slots += 1
+        self.free_slots -= 1
+        if self.free_slots < self.min_free_slots:
+            self.min_free_slots = self.free_slots
+        m.replica = r
+        self.decode(m, now)
+
+    def _pick(self) -> Replica:
+        reps = self.replicas
+        n = len(reps)
+        i = self._cursor
+        for _ in range(n):
+            r = reps[i]
+            i = i + 1 if i + 1 < n else 0
+            if r.slots < r.max_slots:
+                self._cursor = i
+                return r
+        raise InvariantError(f"no free engine slot although {self.free_slots} are counted free")
+
+    def decode(self, m: _Member, now: float) -> None:
+        """Start decoding ``m``'s current segment."""
+        r = m.replica
+        assert r is not None
+        r.advance(now)
+        m.state = _DECODING
+        m.seq = r.join(m, m.spec.segments[m.seg])
+        self._dirty[r] = None
+
+    def stop(self, m: _Member, now: float) -> None:
+        """Stop ``m`` decoding (if it is) and free its slot; its tokens so far are kept."""
+        r = m.replica
+        assert r is not None
+        if m.state == _DECODING:
+            assert m.seq is not None
+            r.advance(now)
+            m.tokens += r.cancel(m.seq)
+            m.seq = None
+            self._dirty[r] = None
+        self.release(m)
+
+    def release(self, m: _Member) -> None:
+        r = m.replica
+        assert r is not None
+        r.slots -= 1
+        self.free_slots += 1
+        m.replica = None
+
+    def finished(self, r: Replica, now: float) -> list[_Member]:
+        """The members whose segment on ``r`` ended by ``now`` (their tokens counted)."""
+        r.advance(now)
+        self._dirty[r] = None
+        done = []
+        for s in r.pop_finished():
+            m: _Member = s.owner
+            m.tokens += s.finish - s.start
+            m.seq = None
+            m.seg += 1
+            m.state = _ENDING
+            done.append(m)
+        return done
+
+    def progress(self, m: _Member, now: float) -> float:
+        """Tokens ``m`` has generated by ``now``."""
+        if m.state == _DECODING and m.replica is not None and m.seq is not None:
+            m.replica.advance(now)
+            return m.tokens + m.replica.decoded(m.seq)
+        return m.tokens
+
+    def reschedule(self, queue: EventQueue) -> None:
+        now = queue.now
+        for r in self._dirty:
+            r.ticket += 1
+            t = r.next_finish(now)
+            if t is not None:
+                queue.schedule(t, _REPLICA, r, r.ticket)
+        self._dirty.clear()
+
+    def stall(self, now: float, seconds: float) -> None:
+        """Every replica stops decoding for ``seconds`` (installing new weights, say)."""
+        if seconds > 0:
+            for r in self.replicas:
+                r.advance(now)
+                r.stall(seconds)
+                self._dirty[r] = None
+
+    def busy(self, now: float) -> float:
+        """Seconds a replica had a sequence (decoding or waiting) up to ``now``, averaged."""
+        total = 0.0
+        for r in self.replicas:
+            r.advance(now)
+            total += r.busy_time
+        return total / len(self.replicas)
+
+    def generated(self, now: float) -> float:
+        """Tokens decoded by every replica up to ``now``."""
+        total = 0.0
+        for r in self.replicas:
+            r.advance(now)
+            total += r.tokens
+        return total
+
+
+class TrainerModel:
+    """The trainer: one batch at a time. ``handoff`` seconds pass before it starts (counted as
+    idle), then ``step_time + per_token × trained tokens`` seconds of training and ``publish``
+    seconds handing the weights to the engines (both busy)."""
+
+    def __init__(self, cfg: WorkloadConfig) -> None:
+        t = cfg.trainer
+        self.step_time = t.step_time
+        self.per_token = t.per_token
+        self.handoff = t.handoff
+        self.publish = t.publish
+        self.training = False
+        self.steps_done = 0
+        self._busy = 0.0
+        self._start = 0.0
+
+    def start(self, now: float, tokens: float) -> float:
+        """Take a batch of ``tokens`` tokens; returns when the step (publication included) ends."""
+        self.training = True
+        self._start = now + self.handoff
+        return self._start + self.step_time + self.per_token * tokens + self.publish
+
+    def done(self, now: float) -> None:
+        self.training = False
+        self._busy += now - self._start
+        self.steps_done += 1
+
+    def busy_until(self, now: float) -> float:
+        return self._busy + (max(0.0, now - self._start) if self.training else 0.0)
+
+
+def coordinator_settings(
+    cfg: WorkloadConfig, spec: PolicySpec, staleness: int
+) -> CoordinatorSettings:
+    """The coordinator's settings for one policy on a workload: what ``stalebound train`` would
+    run with the matching ``rollout`` section.
+
+    ``batch.max_concurrent_groups`` is ``max_concurrent_rollouts``; without it the engine slots are
+    the only limit (a running group holds at least one slot, so the group limit never binds).
+    ``proactive.stuck_time = 0`` acts at once (``stuck_timeout_s: null``)."""
+    B, N = cfg.batch.groups, cfg.batch.group_size
+    launch = N + (cfg.redundancy.group_extra if spec.redundancy else 0)
+    slots = cfg.engine.replicas * cfg.engine.max_concurrency
+    max_groups = cfg.batch.max_concurrent_groups or slots
+    buffer_size = math.ceil(B * cfg.redundancy.batch_factor) if spec.redundancy else B
+    p = cfg.proactive
+    return CoordinatorSettings(
+        policy=spec.kind,
+        staleness=staleness,
+        batch_size=B,
+        buffer_size=buffer_size,
+        group_size=N,
+        group_redundancy=launch,
+        max_concurrent=max_groups,
+        queue_size=max_groups + 1,
+        request_timeout=None,
+        # The simulator models a cluster, not an operator's patience: a run of failed groups
+        # is measured, not stopped.
+        max_failures=2**62,
+        max_relaunches=cfg.failures.max_relaunches,
+        drop_stale=spec.drop_stale,
+        proactive=spec.filter or "null",
+        threshold=p.threshold,
+        stuck_timeout=p.stuck_time or None,
+        max_retries=PROACTIVE_MAX_RETRIES,
+    )
 
 
 class Simulation:
-    """One policy at one η on one workload (see the module docstring)."""
+    """One policy at one η on one workload (see the module docstring).
+
+    ``source`` hands out the trajectories (default: drawn from the workload with ``seed``);
+    ``settings`` replaces the coordinator settings derived from the workload
+    (:func:`coordinator_settings`); ``prompts`` limits the run to that many prompts, all queued at
+    the start (default: endless, drawn as admission takes them); ``action_log`` is called with
+    every event handed to the coordinator and the actions it returned.
+    """
 
     def __init__(
         self,
@@ -289,6 +546,9 @@ class Simulation:
         recorder: TraceRecorder | None = None,
         record_timeline: bool = False,
         bound: Bound | None = None,
+        settings: CoordinatorSettings | None = None,
+        prompts: int | None = None,
+        action_log: ActionLog | None = None,
     ) -> None:
         if not isinstance(staleness, int) or staleness < 0:
             raise ConfigError(f"staleness={staleness!r}: must be an integer ≥ 0 (η)")
@@ -298,62 +558,47 @@ class Simulation:
         self.steps = cfg.run.steps if steps is None else steps
         if self.steps < 1:
             raise ConfigError(f"steps={self.steps!r}: must be ≥ 1 train steps")
-        B, N = cfg.batch.groups, cfg.batch.group_size
-        extra = cfg.redundancy.group_extra if self.spec.redundancy else 0
-        self.launch = N + extra
-        slots = cfg.engine.replicas * cfg.engine.max_concurrency
-        # Engine slots are the physical limit; a group limit applies only when configured (a
-        # running group holds at least one slot, so ``slots`` never binds).
-        max_groups = cfg.batch.max_concurrent_groups or slots
-        self.policy: StalenessPolicy
-        self.buffer: StalenessBuffer | None = None
-        if self.spec.kind == "buffer":
-            buffer_size = math.ceil(B * cfg.redundancy.batch_factor) if self.spec.redundancy else B
-            self.buffer = StalenessBuffer(
-                B, self.eta, group_size=N, buffer_size=buffer_size, group_redundancy=self.launch
-            )
-            self.policy = BufferPolicy(self.buffer, max_concurrent=max_groups)
-        else:
-            counter = CapacityCounter(max_groups, B, self.eta)
-            self.policy = CapacityPolicy(counter, drop_stale=self.spec.drop_stale)
-        self.tracker = GroupTracker(N, self.launch, max_relaunches=cfg.failures.max_relaunches)
+        if prompts is not None and (not isinstance(prompts, int) or prompts < 1):
+            raise ConfigError(f"prompts={prompts!r}: must be an integer ≥ 1, or None (endless)")
+        self.settings = settings or coordinator_settings(cfg, self.spec, self.eta)
+        self.launch = self.settings.group_redundancy
+        self.coordinator = Coordinator(build_policy(self.settings), self.settings)
+        self.buffer = self.coordinator.buffer  # read for the STUCK metrics, never changed here
         self.source: TrajectorySource = source or SampledSource(cfg, seed, self.launch)
         self.recorder = recorder
+        self.action_log = action_log
         self.bound = compute_bound(cfg) if bound is None else bound
-        e = cfg.engine
-        self.replicas = [
-            Replica(
-                i,
-                e.max_concurrency,
-                e.step_base,
-                e.step_per_seq,
-                prefill=e.prefill,
-                max_batch=e.max_batch,
-            )
-            for i in range(e.replicas)
-        ]
         self.queue = EventQueue()
-        self.free_slots = slots
-        self.min_free_slots = slots
-        """The fewest free engine slots seen: slots − this is the peak in use."""
+        """The virtual clock."""
+        self.engines = EngineModel(cfg)
+        self.trainer = TrainerModel(cfg)
         self.engine_version = 0
-        self.training = False
-        self.steps_done = 0
         self.groups: dict[int, _Group] = {}
-        # replicas whose next completion must be re-derived, in first-touched order: a set would
-        # iterate in address order and make tie-breaks differ from run to run
-        self._dirty: dict[Replica, None] = {}
-        self._cursor = 0
-        self._next_gid = 0
-        self._next_prompt = 0
-        self._retry: deque[tuple[int, int]] = deque()
-        self._admit_blocked = False
-        self._touched = True  # the policy changed since the head state was last looked at
+        self._prompts = prompts
+        self._submitted = 0
+        self._attempts: dict[int, int] = {}  # sample → its retry count, until it starts again
+        self._timers: dict[str, int] = {}  # timer → the ticket of its armed event
+        self._wake = True
+        self._stopped: str | None = None
+        self._carry: dict[type, Any] = {
+            StartGroup: self._start_group,
+            LaunchMember: self._launch,
+            AbortRequest: self._abort_request,
+            TruncateMember: self._truncate,
+            AbortGroup: self._abort_group,
+            Retry: self._retry,
+            ArmTimer: self._arm,
+            CancelTimer: self._disarm,
+            HandOverBatch: self._hand_over,
+            ReportDrop: self._report_drop,
+            ReportFailure: self._report_failure,
+            ReportStall: self._report_stall,
+            Wake: self._woken,
+            Stop: self._stop,
+        }
         self.counts: Counter[str] = Counter()
         self.tokens: dict[str, float] = {"generated": 0.0, "wasted": 0.0, "trained": 0.0}
         self.histogram: Counter[int] = Counter()
-        self._busy = 0.0
-        self._train_start = 0.0
         # the head buffer's state over time (buffer policies)
         self._head = BufferState.PENDING
         self._head_since = 0.0
@@ -361,7 +606,6 @@ class Simulation:
         self._blocked = False
         self._blocked_since = 0.0
         self._blocked_time = 0.0
-        self._check_pending = False
         self.record_timeline = record_timeline
         self.timeline: list[tuple[float, str]] = (
             [(0.0, BufferState.PENDING.name)] if record_timeline and self.buffer is not None else []
@@ -369,6 +613,18 @@ class Simulation:
         # the measuring window starts after the warm-up steps
         self._warmup = min(self.steps - 1, int(self.steps * cfg.run.warmup_fraction))
         self._mark: dict[str, float] = {}
+
+    @property
+    def free_slots(self) -> int:
+        return self.engines.free_slots
+
+    @property
+    def min_free_slots(self) -> int:
+        return self.engines.min_free_slots
+
+    @property
+    def steps_done(self) -> int:
+        return self.trainer.steps_done
 
     # ------------------------------------------------------------------ run
 
@@ -389,7 +645,7 @@ class Simulation:
         q = self.queue
         self._snapshot_window()  # t = 0, replaced at the end of the warm-up steps
         self._after_event()
-        while self.steps_done < self.steps:
+        while self.steps_done < self.steps and self._stopped is None:
             event = q.pop()
             if event is None:
                 log.warning(
@@ -407,13 +663,15 @@ class Simulation:
                     self._on_replica(a)
             elif kind == _TOOL:
                 self._on_tool_done(a, b)
+            elif kind == _CUT:
+                self._on_cut(a)
             elif kind == _TRAIN_DONE:
                 self._on_train_done(a)
             elif kind == _SYNC:
-                self.engine_version = max(self.engine_version, a)
-                self._admit_blocked = False
-            else:
-                self._check_pending = False
+                self._publish(a)
+            elif self._timers.get(a) == b:
+                del self._timers[a]
+                self._feed(TimerFired(a, q.now))
             if self.steps_done >= self.steps:
                 break  # measure exactly ``steps`` batches: do not start the next one
             self._after_event()
@@ -423,212 +681,244 @@ class Simulation:
 
     def _record_unfinished(self) -> None:
         """End of run: record what is still in flight, so a trace keeps every trajectory."""
+        now = self.queue.now
         for g in self.groups.values():
             for m in g.members.values():
                 if m.state in (_DECODING, _TOOL_CALL):
-                    progress = self._progress(m)
-                    m.tokens = progress
+                    m.tokens = self.engines.progress(m, now)
                     self._record(m, "running", complete=False)
-                elif m.state == _FINISHED:
+                elif m.state in (_FINISHED, _CUTTING):
                     self._record(m, "finished", complete=not m.truncated)
 
+    # ------------------------------------------------------------ the seam
+
+    def _feed(self, event: Event) -> None:
+        """Hand one event to the coordinator and carry out its actions, in order."""
+        actions = self.coordinator.handle(event)
+        if self.action_log is not None:
+            self.action_log(event, actions)
+        carry = self._carry
+        for action in actions:
+            carry[type(action)](action)
+
     def _after_event(self) -> None:
-        if self.spec.filter is not None:
-            self._run_proactive_filter()
-        if not self.training and self.policy.ready():
-            self._train()
-            self._touched = True
-        if not self._admit_blocked and self.free_slots >= self.launch:
-            self._dispatch()
+        """While the coordinator says capacity or results may have changed (``Wake``): the
+        dispatcher admits what the free engine slots hold, then the idle trainer asks for a
+        batch — the order the executor's dispatcher task and waiting trainer run in."""
         now = self.queue.now
-        for r in self._dirty:
-            r.ticket += 1
-            t = r.next_finish(now)
-            if t is not None:
-                self.queue.schedule(t, _REPLICA, r, r.ticket)
-        self._dirty.clear()
-        if self._touched and self.buffer is not None:
-            self._touched = False
+        while self._wake and self._stopped is None:
+            self._wake = False
+            self._dispatch(now)
+            if self._wake:
+                continue  # woken again by its own admissions: the dispatcher runs again first
+            if not self.trainer.training:
+                self._feed(BatchWanted(self.settings.batch_size, now))
+        self.engines.reschedule(self.queue)
+        if self.buffer is not None:
             self._track_head(now)
 
-    # ------------------------------------------------------------- dispatch
-
-    def _dispatch(self) -> None:
-        if self._admit_blocked:
-            return
-        policy, launch, now = self.policy, self.launch, self.queue.now
-        while self.free_slots >= launch:
-            if self._retry:
-                prompt, attempt = self._retry[0]
-            else:
-                prompt, attempt = self._next_prompt, 0
-            gid = self._next_gid
-            admission = policy.try_admit(gid, self.engine_version)
-            if admission is None:
-                # The policy says no until its state changes (a completion, an abort, a consume
-                # or a new engine version); asking again before that would only cost time.
-                self._admit_blocked = True
-                return
-            self._next_gid += 1
-            self._touched = True
-            if self._retry:
-                self._retry.popleft()
-            else:
-                self._next_prompt += 1
-            group = _Group(gid, prompt, attempt, admission.version)
-            self.groups[gid] = group
-            self.counts["groups_admitted"] += 1
-            for mid in self.tracker.start(gid, admission.version):
-                self._launch(group, mid.number, admission.version, now)
-
-    def _launch(self, group: _Group, number: int, version: int, now: float) -> None:
-        spec = self.source.spec(group.prompt, group.attempt, number)
-        m = _Member(group, number, spec, version, now)
-        group.members[number] = m
-        r = self.replicas[self._cursor]
-        if r.slots < r.max_slots:  # the usual case: round robin finds room at once
-            self._cursor = r.index + 1 if r.index + 1 < len(self.replicas) else 0
+    def _dispatch(self, now: float) -> None:
+        """What the executor's dispatcher does: draw prompts as a data loader is drawn (as many as
+        admission will take, and one more it refuses), then let the coordinator admit. The
+        budget is the free engine slots (``None`` when they cannot bind before the coordinator's
+        own limit) and, under the capacity policy, AReaL's capacity, which the executor's
+        ``StalenessManager`` passes as its gate."""
+        coord = self.coordinator
+        version = min(self.engine_version, coord.version)
+        slots = self.engines.free_slots // self.launch
+        budget = None if slots >= self.settings.max_concurrent else slots
+        capacity = coord.capacity(version)
+        if self.settings.policy == "capacity":
+            budget = capacity if budget is None else min(budget, capacity)
+        if self._prompts is None:
+            want = max(capacity, 0) + 1
+            if budget is not None:
+                want = min(want, budget)
+            self._intake(want - coord.queued)
         else:
-            r = self._pick_replica()
-        r.slots += 1
-        self.free_slots -= 1
-        if self.free_slots < self.min_free_slots:
-            self.min_free_slots = self.free_slots
-        m.replica = r
-        r.advance(now)
-        m.seq = r.join(m, spec.segments[0])
-        self._dirty[r] = None
+            self._intake(self._prompts - self._submitted)
+        if coord.queued:
+            self._feed(Dispatch(now, version, budget))
+
+    def _intake(self, count: int) -> None:
+        """Queue ``count`` more prompts for admission, in order."""
+        for _ in range(count):
+            self._submitted += 1
+            self._feed(Submitted(self._submitted - 1))
+
+    # --------------------------------------------------------------- actions
+
+    def _start_group(self, a: StartGroup) -> None:
+        g = _Group(a.group_id, a.sample, self._attempts.pop(a.sample, 0), a.version)
+        self.groups[a.group_id] = g
+        self.counts["groups_admitted"] += 1
+
+    def _launch(self, a: LaunchMember) -> None:
+        g = self.groups[cast(int, a.member.group_id)]
+        number = a.member.number
+        now = self.queue.now
+        m = _Member(g, number, self.source.spec(g.prompt, g.attempt, number), a.version, now)
+        g.members[number] = m
+        self.engines.place(m, now)
         self.counts["launched"] += 1
+        if a.relaunch:
+            self.counts["relaunched"] += 1
 
-    def _pick_replica(self) -> Replica:
-        reps = self.replicas
-        n = len(reps)
-        i = self._cursor
-        for _ in range(n):
-            r = reps[i]
-            i = i + 1 if i + 1 < n else 0
-            if r.slots < r.max_slots:
-                self._cursor = i
-                return r
-        raise InvariantError(f"no free engine slot although {self.free_slots} are counted free")
+    def _member(self, mid: MemberId) -> _Member:
+        return self.groups[cast(int, mid.group_id)].members[mid.number]
 
-    # --------------------------------------------------------------- engines
+    def _abort_request(self, a: AbortRequest) -> None:
+        """Stop a running member; what it generated is wasted."""
+        m = self._member(a.member)
+        if m.state in (_DECODING, _TOOL_CALL, _ENDING):
+            self.engines.stop(m, self.queue.now)
+        elif m.state != _CUTTING:
+            raise InvariantError(f"abort of member {a.member} in state {m.state}")
+        self._gone(m, _COUNTED_AS.get(a.cause, a.cause), complete=False)
+
+    def _truncate(self, a: TruncateMember) -> None:
+        """Cut a member short: its requests are aborted, and the episode returns what it has
+        (a member in a tool call returns when the tool answers)."""
+        m = self._member(a.member)
+        m.truncated = True
+        self.counts["truncated"] += 1
+        if m.state == _DECODING:
+            self.engines.stop(m, self.queue.now)
+            m.state = _CUTTING
+            self.queue.schedule(self.queue.now, _CUT, m)
+        elif m.state not in (_TOOL_CALL, _ENDING):  # those return at their next step
+            raise InvariantError(f"truncate of member {a.member} in state {m.state}")
+
+    def _abort_group(self, a: AbortGroup) -> None:
+        g = self.groups.get(a.group_id)
+        if g is not None:
+            self._leave(g, a.cause)
+
+    def _retry(self, a: Retry) -> None:
+        self._attempts[a.sample] = a.retries
+        self.counts["groups_retry"] += 1
+
+    def _arm(self, a: ArmTimer) -> None:
+        ticket = self._timers.get(a.timer, 0) + 1
+        self._timers[a.timer] = ticket
+        now = self.queue.now
+        self.queue.schedule(a.at if a.at > now else now, _TIMER, a.timer, ticket)
+
+    def _disarm(self, a: CancelTimer) -> None:
+        self._timers.pop(a.timer, None)
+
+    def _hand_over(self, a: HandOverBatch) -> None:
+        """The trainer takes the batch and trains on it."""
+        if self.trainer.training:
+            raise InvariantError(f"batch {a.version} handed over while the trainer is busy")
+        tokens = 0.0
+        trained = truncated = 0
+        for hg in a.groups:
+            for r, _, cut in hg.members:
+                m: _Member = r.result
+                m.state = _GONE
+                tokens += m.tokens
+                trained += 1
+                truncated += cut
+                self.histogram[a.version - r.version] += 1
+                if self.recorder is not None:
+                    self._record(m, "trained", complete=not cut)
+            g = self.groups.pop(hg.group_id)
+            g.members = {}  # break the group ↔ member cycles
+        self.counts["trained"] += trained
+        self.counts["truncated_trained"] += truncated
+        self.tokens["trained"] += tokens
+        now = self.queue.now
+        self.queue.schedule(self.trainer.start(now, tokens), _TRAIN_DONE, a.version)
+
+    def _report_drop(self, a: ReportDrop) -> None:
+        g = self.groups.get(a.group_id)
+        if g is not None:
+            self._leave(g, a.outcome)
+
+    def _report_failure(self, a: ReportFailure) -> None:
+        self.counts["groups_failed"] += 1
+        log.debug("group %d failed: %s", a.group_id, a.why)
+
+    def _report_stall(self, a: ReportStall) -> None:
+        self.counts["watchdog_stalls"] += 1
+
+    def _woken(self, a: Wake) -> None:
+        self._wake = True
+
+    def _stop(self, a: Stop) -> None:
+        log.warning("%s η=%d: the coordinator stopped: %s", self.spec.name, self.eta, a.reason)
+        self._stopped = a.reason
+
+    # ------------------------------------------------------------- engines
 
     def _on_replica(self, r: Replica) -> None:
         now = self.queue.now
-        r.advance(now)
-        self._dirty[r] = None
-        for s in r.pop_finished():
-            m: _Member = s.owner
-            m.tokens += s.finish - s.start
-            m.seq = None
-            m.seg += 1
+        for m in self.engines.finished(r, now):
+            if m.state != _ENDING:
+                continue  # aborted by what an earlier one of them caused (surplus, say)
             if m.seg < len(m.spec.segments):
                 m.state = _TOOL_CALL
                 self.queue.schedule(now + m.spec.tools[m.seg - 1], _TOOL, m, m.seg)
             else:
-                self._end_member(m)
+                self.engines.release(m)
+                self._ended(m)
 
     def _on_tool_done(self, m: _Member, seg: int) -> None:
         if m.state != _TOOL_CALL or m.seg != seg:
             return  # cancelled during the tool call
         m.tools += 1
-        m.state = _DECODING
-        r = m.replica
-        assert r is not None
-        r.advance(self.queue.now)
-        m.seq = r.join(m, m.spec.segments[m.seg])
-        self._dirty[r] = None
+        if m.truncated:  # cut short during the tool call: the episode returns now
+            self.engines.release(m)
+            self._finished(m)
+        else:
+            self.engines.decode(m, self.queue.now)
 
-    def _free_slot(self, m: _Member) -> None:
-        r = m.replica
-        assert r is not None
-        r.slots -= 1
-        self.free_slots += 1
+    def _on_cut(self, m: _Member) -> None:
+        if m.state == _CUTTING:  # not aborted meanwhile
+            self._finished(m)
 
-    def _end_member(self, m: _Member) -> None:
+    def _ended(self, m: _Member) -> None:
         """A member reached its natural end: it finished, or it failed."""
-        m.replica.slots -= 1  # type: ignore[union-attr]
-        self.free_slots += 1
-        m.state = _FINISHED
-        m.end = self.queue.now
-        g = m.group
-        mid = MemberId(g.gid, m.number)
-        self.tokens["generated"] += m.tokens
-        if m.spec.failed:
-            m.state = _GONE
-            self._count_member(m, "failed", complete=True)
-            outcome = self.tracker.fail(mid, "failed", version=self.engine_version)
-            if isinstance(outcome, Relaunch):
-                self.counts["relaunched"] += 1
-                self._launch(g, outcome.member.number, outcome.version, self.queue.now)
-            elif isinstance(outcome, GroupFailed):
-                self.policy.abort(g.gid, "failed")
-                self._abort_group(g, "aborted")
-                self.counts["groups_failed"] += 1
+        if not m.spec.failed:
+            self._finished(m)
             return
-        done = self.tracker.finish(mid, m)
-        if isinstance(done, GroupComplete):
-            self._cancel_members(g, done.surplus, "surplus")
-            self._complete(g, tuple(r.result for r in done.members))
-
-    def _complete(self, g: _Group, members: tuple[_Member, ...]) -> None:
-        self._admit_blocked = False
-        self._touched = True
-        g.completed = True
-        g.trained_members = members
-        if not self.policy.complete(g.gid, g):
-            self._drop(g)  # capacity-drop: already staler than η
-
-    def _cancel(self, m: _Member, cause: str, *, trained: bool = False) -> None:
-        """Stop a member still generating; its tokens count as ``cause`` unless ``trained``."""
         now = self.queue.now
-        if m.state == _DECODING:
-            r = m.replica
-            assert r is not None and m.seq is not None
-            r.advance(now)
-            m.tokens += r.cancel(m.seq)
-            m.seq = None
-            self._dirty[r] = None
-        elif m.state != _TOOL_CALL:
-            raise InvariantError(f"cancel of member {m.group.gid}/{m.number} in state {m.state}")
-        self._free_slot(m)
-        self.tokens["generated"] += m.tokens
         m.end = now
-        m.truncated = trained
-        m.state = _FINISHED if trained else _GONE
-        if not trained:
-            self._count_member(m, cause, complete=False)
+        self.tokens["generated"] += m.tokens
+        self._gone(m, "failed", complete=True, generated=False)
+        version = min(self.engine_version, self.coordinator.version)
+        self._feed(MemberFailed(MemberId(m.group.gid, m.number), now, "failed", version))
 
-    def _cancel_members(self, g: _Group, members: tuple[MemberId, ...], cause: str) -> None:
-        for mid in members:
-            self._cancel(g.members[mid.number], cause)
+    def _finished(self, m: _Member) -> None:
+        now = self.queue.now
+        m.state = _FINISHED
+        m.end = now
+        m.group.finished += 1
+        self.tokens["generated"] += m.tokens
+        mid = MemberId(m.group.gid, m.number)
+        self._feed(MemberFinished(mid, now, m, tokens=round(m.tokens)))
 
-    def _abort_group(self, g: _Group, cause: str) -> None:
-        """The group's entry is gone: stop its running members and waste what it generated."""
-        if g.gid in self.tracker:
-            self.tracker.cancel(g.gid)
-        for m in g.members.values():
-            if m.state in (_DECODING, _TOOL_CALL):
-                self._cancel(m, cause)
-            elif m.state == _FINISHED:
-                m.state = _GONE
-                self._count_member(m, cause, complete=True)
-        self._forget(g, cause)
-
-    def _forget(self, g: _Group, cause: str) -> None:
-        self._admit_blocked = False  # an abort, drop or surplus cancel frees policy room
-        self._touched = True
-        del self.groups[g.gid]
-        g.members = {}  # break the group ↔ member cycles
-        g.trained_members = ()
-        self.counts[f"groups_{cause}"] += 1
-
-    def _count_member(self, m: _Member, outcome: str, *, complete: bool) -> None:
+    def _gone(self, m: _Member, outcome: str, *, complete: bool, generated: bool = True) -> None:
+        """``m`` ended untrained (``outcome``); what it generated is wasted."""
+        if generated and m.state != _FINISHED:
+            m.end = self.queue.now
+            self.tokens["generated"] += m.tokens
+        m.state = _GONE
         self.counts[outcome] += 1
         self.tokens["wasted"] += m.tokens
         if self.recorder is not None:
             self._record(m, outcome, complete)
+
+    def _leave(self, g: _Group, cause: str) -> None:
+        """The group left untrained: what its finished members generated is wasted."""
+        outcome = _COUNTED_AS.get(cause, cause)
+        for m in g.members.values():
+            if m.state == _FINISHED:
+                self._gone(m, outcome, complete=not m.truncated)
+        del self.groups[g.gid]
+        g.members = {}  # break the group ↔ member cycles
+        self.counts[f"groups_{outcome}"] += 1
 
     def _record(self, m: _Member, outcome: str, complete: bool) -> None:
         assert self.recorder is not None
@@ -650,137 +940,23 @@ class Simulation:
 
     # --------------------------------------------------------------- trainer
 
-    def _train(self) -> None:
-        batch = self.policy.consume()
-        self._admit_blocked = False
-        self._settle(batch)
-        tokens = 0.0
-        trained = truncated = 0
-        for cg in batch.groups:
-            g: _Group = cg.payload
-            staleness = batch.version - cg.version
-            for m in g.trained_members:
-                tokens += m.tokens
-                trained += 1
-                truncated += m.truncated
-                m.state = _GONE
-                if self.recorder is not None:
-                    self._record(m, "trained", complete=not m.truncated)
-            self.histogram[staleness] += len(g.trained_members)
-            del self.groups[g.gid]
-            g.members = {}  # break the group ↔ member cycles
-            g.trained_members = ()
-        self.counts["trained"] += trained
-        self.counts["truncated_trained"] += truncated
-        self.tokens["trained"] += tokens
-        t = self.cfg.trainer
-        now = self.queue.now
-        self.training = True
-        # the hand-over counts as trainer idle; publishing the weights as busy
-        self._train_start = now + t.handoff
-        busy = t.step_time + t.per_token * tokens + t.publish
-        self.queue.schedule(now + t.handoff + busy, _TRAIN_DONE, batch.version)
-
-    def _settle(self, batch: ConsumedBatch) -> None:
-        """Carry out what consume returned: cancel surplus reservations, waste dropped groups."""
-        for gid in batch.aborted:
-            self._abort_group(self.groups[self._gid(gid)], "surplus")
-        for cg in batch.dropped_groups:
-            # CapacityPolicy reports a group refused by complete() again here: drop it once
-            if self._gid(cg.group_id) in self.groups:
-                self._drop(cg.payload)
-
-    def _drop(self, g: _Group) -> None:
-        for m in g.trained_members:
-            m.state = _GONE
-            self._count_member(m, "dropped", complete=True)
-        self._forget(g, "dropped")
-
     def _on_train_done(self, version: int) -> None:
         now = self.queue.now
-        self.training = False
-        self._busy += now - self._train_start
-        self.steps_done += 1
-        new = version + 1
-        if self.cfg.engine.update_stall > 0:  # the replicas install the new weights
-            for r in self.replicas:
-                r.advance(now)
-                r.stall(self.cfg.engine.update_stall)
-                self._dirty[r] = None
+        self.trainer.done(now)
+        self._wake = True  # the trainer asks for its next batch
+        self.engines.stall(now, self.cfg.engine.update_stall)  # installing the new weights
         if self.cfg.engine.sync_delay > 0:
-            self.queue.schedule(now + self.cfg.engine.sync_delay, _SYNC, new)
+            self.queue.schedule(now + self.cfg.engine.sync_delay, _SYNC, version + 1)
         else:
-            self.engine_version = max(self.engine_version, new)
-            self._admit_blocked = False
+            self._publish(version + 1)
         if self.steps_done == self._warmup:
             self._snapshot_window()
 
-    # ------------------------------------------------------- proactive filter
-
-    def _run_proactive_filter(self) -> None:
-        """Ask :func:`stalebound.sim.proactive.decide` and carry out its action on the core."""
-        buf = self.buffer
-        assert buf is not None and self.spec.filter is not None
-        if self.training:
-            return  # the decision needs an idle trainer; skip gathering its inputs
-        v = buf.version
-        if buf.state(v) is not BufferState.STUCK:
-            return
-        now = self.queue.now
-        p = self.cfg.proactive
-        stuck_for = now - self._head_since if self._head is BufferState.STUCK else 0.0
-        action = proactive.decide(
-            self.spec.filter,
-            buf,
-            threshold=p.threshold,
-            stuck_for=stuck_for,
-            stuck_time=p.stuck_time,
-            trainer_idle=not self.training,
-        )
-        if action is None:
-            if p.stuck_time > stuck_for and not self._check_pending:
-                self._check_pending = True  # wake up when the time trigger is due
-                self.queue.schedule(now + p.stuck_time - stuck_for, _CHECK)
-            return
-        if action.method == "retry":
-            for gid in action.groups:
-                g = self.groups[self._gid(gid)]
-                self.policy.abort(g.gid, "retried")
-                self._abort_group(g, "retried")
-                self._retry.append((g.prompt, g.attempt + 1))
-                self.counts["groups_retry"] += 1
-            self.counts["pulled_forward"] += len(buf.pull_forward(v))
-        else:
-            for gid in action.groups:
-                self._truncate(self.groups[self._gid(gid)])
-
-    def _truncate(self, g: _Group) -> None:
-        """Force-complete a group with what its members generated so far."""
-        finished = [r.result for r in self.tracker.partial(g.gid)]
-        running = self.tracker.cancel(g.gid)
-        need = self.cfg.batch.group_size - len(finished)
-        keep = sorted(running, key=lambda mid: -self._progress(g.members[mid.number]))[:need]
-        for mid in running:
-            m = g.members[mid.number]
-            if mid in keep:
-                self._cancel(m, "truncated", trained=True)
-                self.counts["truncated"] += 1
-            else:
-                self._cancel(m, "surplus")
-        self.counts["groups_truncated"] += 1
-        self._complete(g, tuple(finished) + tuple(g.members[mid.number] for mid in keep))
-
-    def _progress(self, m: _Member) -> float:
-        if m.state == _DECODING and m.replica is not None and m.seq is not None:
-            m.replica.advance(self.queue.now)
-            return m.tokens + m.replica.decoded(m.seq)
-        return m.tokens
-
-    @staticmethod
-    def _gid(gid: Hashable) -> int:
-        if not isinstance(gid, int):
-            raise InvariantError(f"group id {gid!r} is not one the simulator issued")
-        return gid
+    def _publish(self, version: int) -> None:
+        """The engines serve weights of ``version`` from now on."""
+        self.engine_version = max(self.engine_version, version)
+        self._wake = True
+        self._feed(VersionPublished(version, self.queue.now))
 
     # --------------------------------------------------------------- metrics
 
@@ -788,7 +964,7 @@ class Simulation:
         buf = self.buffer
         assert buf is not None
         state = buf.state(buf.version)
-        blocked = state is BufferState.STUCK and not self.training
+        blocked = state is BufferState.STUCK and not self.trainer.training
         if blocked is not self._blocked:
             if self._blocked:
                 self._blocked_time += now - self._blocked_since
@@ -812,31 +988,14 @@ class Simulation:
             return self._blocked_time + now - self._blocked_since
         return self._blocked_time
 
-    def _generated_until(self, now: float) -> float:
-        total = 0.0
-        for r in self.replicas:
-            r.advance(now)
-            total += r.tokens
-        return total
-
-    def _busy_until(self, now: float) -> float:
-        return self._busy + (max(0.0, now - self._train_start) if self.training else 0.0)
-
-    def _engine_busy_until(self, now: float) -> float:
-        total = 0.0
-        for r in self.replicas:
-            r.advance(now)
-            total += r.busy_time
-        return total / len(self.replicas)
-
     def _snapshot_window(self) -> None:
         now = self.queue.now
         self._mark = {
             "time": now,
             "trained": float(self.counts["trained"]),
-            "busy": self._busy_until(now),
-            "tokens": self._generated_until(now),
-            "engine_busy": self._engine_busy_until(now),
+            "busy": self.trainer.busy_until(now),
+            "tokens": self.engines.generated(now),
+            "engine_busy": self.engines.busy(now),
             "stuck": self._stuck_until(now),
             "blocked": self._blocked_until(now),
             "truncated": float(self.counts["truncated_trained"]),
@@ -848,10 +1007,10 @@ class Simulation:
         window = now - mark["time"]
         trained = self.counts["trained"] - mark["trained"]
         throughput = trained / window if window > 0 else 0.0
-        trainer_util = (self._busy_until(now) - mark["busy"]) / window if window > 0 else 0.0
-        tokens = self._generated_until(now) - mark["tokens"]
+        trainer_util = (self.trainer.busy_until(now) - mark["busy"]) / window if window > 0 else 0.0
+        tokens = self.engines.generated(now) - mark["tokens"]
         engine_util = tokens / (self.bound.token_rate * window) if window > 0 else 0.0
-        engine_busy = self._engine_busy_until(now) - mark["engine_busy"]
+        engine_busy = self.engines.busy(now) - mark["engine_busy"]
         engine_idle = 1.0 - engine_busy / window if window > 0 else 0.0
         stuck = blocked = None
         if self.buffer is not None and window > 0:
@@ -860,6 +1019,9 @@ class Simulation:
         truncated = self.counts["truncated_trained"] - mark["truncated"]
         decided = self.tokens["wasted"] + self.tokens["trained"]
         counts = dict(self.counts)
+        c = self.coordinator.counts
+        counts["pulled_forward"] = c.pulled_forward_groups
+        counts["groups_truncated"] = c.truncated_groups
         counts.update(self.conservation())
         return SimResult(
             policy=self.spec.name,
@@ -888,15 +1050,18 @@ class Simulation:
         """Members still in flight (``running``), finished in an incomplete group
         (``finished_pending``), or in a complete group not yet consumed (``waiting``)."""
         running = finished_pending = waiting = 0
+        n = self.settings.group_size
         for g in self.groups.values():
-            if g.completed:
-                waiting += len(g.trained_members)
-                continue
+            done = 0
             for m in g.members.values():
-                if m.state in (_DECODING, _TOOL_CALL):
+                if m.state in (_DECODING, _TOOL_CALL, _ENDING, _CUTTING):
                     running += 1
                 elif m.state == _FINISHED:
-                    finished_pending += 1
+                    done += 1
+            if g.finished >= n:
+                waiting += done
+            else:
+                finished_pending += done
         return {"running": running, "finished_pending": finished_pending, "waiting": waiting}
 
 
