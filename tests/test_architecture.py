@@ -121,3 +121,42 @@ def test_training_and_observability_do_not_import_the_simulator() -> None:
         if name == "stalebound.sim" or name.startswith("stalebound.sim.")
     }
     assert offenders == {}
+
+
+def _loaded_after(statement: str, prefixes: tuple[str, ...]) -> list[str]:
+    code = (
+        f"import sys; {statement}; "
+        f"print(sorted(m for m in sys.modules if m.startswith({prefixes!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded: list[str] = ast.literal_eval(out.stdout.strip())
+    return loaded
+
+
+def test_loading_the_runtime_loads_no_task_and_no_trainer() -> None:
+    # the executor's settings live next to it, not in the whole config tree
+    loaded = _loaded_after(
+        "import stalebound.runtime", ("stalebound.tasks", "stalebound.train", "stalebound.config")
+    )
+    assert loaded == []
+
+
+def test_the_config_tree_composes_sections_without_loading_tasks_or_torch() -> None:
+    loaded = _loaded_after(
+        "import stalebound.config",
+        (
+            "stalebound.tasks.arithmetic",
+            "stalebound.tasks.strings",
+            "stalebound.tasks.calculator",
+            "stalebound.tasks.workflow",
+            "stalebound.train.trainer",
+            "torch",
+        ),
+    )
+    assert loaded == []
+
+
+def test_task_base_and_workflow_do_not_import_each_other() -> None:
+    tasks = Path(stalebound.__file__).parent / "tasks"
+    assert "stalebound.tasks.workflow" in imported_modules(tasks / "base.py")
+    assert "stalebound.tasks.base" not in imported_modules(tasks / "workflow.py")

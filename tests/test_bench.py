@@ -53,7 +53,7 @@ def test_bench_runs_each_bound_on_the_long_tail_workload_and_prints_json(
         assert r["max_staleness"] <= r["staleness"]
         assert r["trajectories_per_s"] > 0 and 0 <= r["trainer_idle_fraction"] <= 1
         cfg = load_config([out / f"eta{r['staleness']}" / "config.yaml"])
-        assert cfg.rollout.max_head_offpolicyness == r["staleness"]
+        assert cfg.rollout.staleness == r["staleness"]
         # the bench recipe's verifier latency, with the command line's median on top
         assert cfg.task.reward_latency.distribution == "lognormal"
         assert cfg.task.reward_latency.median_s == 0.01

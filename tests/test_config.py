@@ -321,10 +321,11 @@ def test_a_hash_is_text_not_a_comment() -> None:
 # -- aliases ----------------------------------------------------------------------------------------
 
 ALIAS_CASES = [
-    ("max_head_offpolicyness", 5, ("max_head_offpolicyness",)),
+    ("max_head_offpolicyness", 5, ("staleness",)),
+    ("rollout.max_head_offpolicyness", 4, ("staleness",)),
     ("max_concurrent_rollouts", 64, ("max_concurrent_rollouts",)),
     ("consumer_batch_size", 16, ("consumer_batch_size",)),
-    ("psrl.staleness", 3, ("max_head_offpolicyness",)),
+    ("psrl.staleness", 3, ("staleness",)),
     ("psrl.rollout_n", 8, ("group_size",)),
     ("psrl.proactive_filter_strategy.method", "retry", ("proactive_filter", "method")),
     ("psrl.proactive_filter_strategy.threshold", 2, ("proactive_filter", "threshold")),
@@ -394,7 +395,7 @@ def test_psrl_yaml_file(tmp_path: Path) -> None:
         "    metric: seq_reward\n"
     )
     rollout = load_config([path]).rollout
-    assert rollout.max_head_offpolicyness == 1
+    assert rollout.staleness == 1
     assert rollout.group_size == 8
     assert rollout.proactive_filter.method == "null"  # PSRL's YAML null is the "null" method
     assert rollout.group_post_process.enable is True
@@ -415,7 +416,7 @@ def test_two_spellings_with_different_values_conflict(tmp_path: Path) -> None:
     path.write_text("max_head_offpolicyness: 2\npsrl:\n  staleness: 3\n")
     assert problems_of([path]) == (
         "psrl.staleness=3: conflicts with max_head_offpolicyness=2 "
-        "(both set rollout.max_head_offpolicyness); keep only one of them",
+        "(both set rollout.staleness); keep only one of them",
     )
     assert problems_of(overrides=["psrl.rollout_n=4", "rollout.group_size=5"]) == (
         "rollout.group_size=5: conflicts with psrl.rollout_n=4 (both set rollout.group_size); "
@@ -426,15 +427,15 @@ def test_two_spellings_with_different_values_conflict(tmp_path: Path) -> None:
 def test_two_spellings_with_the_same_value_agree(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("max_head_offpolicyness: 3\npsrl: {staleness: 3}\n")
-    assert load_config([path]).rollout.max_head_offpolicyness == 3
+    assert load_config([path]).rollout.staleness == 3
 
 
 def test_a_later_source_overrides_another_spelling(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("rollout: {max_head_offpolicyness: 2}\n")
     config = load_config([path], ["max_head_offpolicyness=9"])
-    assert config.rollout.max_head_offpolicyness == 9
-    assert load_config([path], ["psrl.staleness=0"]).rollout.max_head_offpolicyness == 0
+    assert config.rollout.staleness == 9
+    assert load_config([path], ["psrl.staleness=0"]).rollout.staleness == 0
 
 
 def test_alias_errors_name_the_alias() -> None:
@@ -477,7 +478,7 @@ def test_flags_load() -> None:
         ["--max-head-offpolicyness", "1000", "--max-concurrent-rollouts", "64"]
     )
     rollout = load_config(overrides=overrides).rollout
-    assert (rollout.max_head_offpolicyness, rollout.max_concurrent_rollouts) == (1000, 64)
+    assert (rollout.staleness, rollout.max_concurrent_rollouts) == (1000, 64)
 
 
 def test_flag_problems_are_reported_together() -> None:
@@ -520,7 +521,7 @@ def test_dump_round_trip(tmp_path: Path) -> None:
     path.write_text(dump_yaml(config))
     assert load_config([path]) == config
     assert load_config([path]) != StaleboundConfig()
-    assert yaml.safe_load(dump_yaml(StaleboundConfig()))["rollout"]["max_head_offpolicyness"] == 2
+    assert yaml.safe_load(dump_yaml(StaleboundConfig()))["rollout"]["staleness"] == 2
 
 
 def test_main_prints_the_resolved_config_and_errors() -> None:
@@ -561,8 +562,12 @@ def test_reference_lists_every_key_and_alias() -> None:
     schema = Schema(StaleboundConfig, ALIASES)
     for spelling in schema.spellings():
         assert f"| `{spelling}` |" in text
-    assert "| `rollout.max_head_offpolicyness` | int | `2` | η, the staleness bound" in text
-    assert "| `psrl.staleness` | `rollout.max_head_offpolicyness` | `--psrl.staleness` |" in text
+    assert "| `rollout.staleness` | int | `2` | η, the staleness bound" in text
+    assert "| `psrl.staleness` | `rollout.staleness` | `--psrl.staleness` |" in text
+    assert (
+        "| `rollout.max_head_offpolicyness` | `rollout.staleness` "
+        "| `--rollout.max-head-offpolicyness` |" in text
+    )
 
 
 def test_every_field_is_documented() -> None:

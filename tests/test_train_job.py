@@ -53,7 +53,7 @@ def test_reward_rises_and_no_trained_trajectory_is_staler_than_eta(run: Path) ->
 
 
 def test_run_directory_holds_config_metrics_tensorboard_plots_and_checkpoint(run: Path) -> None:
-    assert load_config([run / "config.yaml"]).rollout.max_head_offpolicyness == 2
+    assert load_config([run / "config.yaml"]).rollout.staleness == 2
     for name in ("metrics.jsonl", "staleness.jsonl", "buffers.jsonl", "summary.json"):
         assert (run / name).stat().st_size > 0, name
     assert list(run.glob("**/events.out.tfevents.*"))

@@ -123,7 +123,7 @@ TRAIN_HELP = """usage: stalebound train [CONFIG.yaml ...] [key.path=value ...] [
 
 Asynchronous GRPO on the embedded default: warm start, engines in worker processes, the
 staleness buffer between them and the trainer. Every config key is an override (docs/config.md),
-e.g. rollout.max_head_offpolicyness=2 run.steps=40; the seeds' spellings work too:
+e.g. rollout.staleness=2 run.steps=40; the seeds' spellings work too:
 --max-head-offpolicyness 4 --max-concurrent-rollouts 64, psrl.staleness=2 psrl.rollout_n=8.
 
 Checkpoints go to RUN_DIR/checkpoints (run.checkpoint_every_steps, at the end, and on

@@ -17,9 +17,16 @@ from typing import Any, ClassVar, Literal, TypeVar, overload
 from stalebound import typedconfig
 from stalebound.core.errors import ConfigError
 from stalebound.engines.devices import device_problems
+from stalebound.runtime.config import (
+    STALENESS_ALIASES,
+    FilterGroupsConfig,
+    GroupPostProcessConfig,
+    ProactiveFilterConfig,
+    RolloutConfig,
+)
 from stalebound.tasks.config import TaskConfig
 from stalebound.train.config import TrainConfig
-from stalebound.typedconfig import Invalid, bounds, null_means
+from stalebound.typedconfig import Invalid, bounds
 
 __all__ = [
     "ALIASES",
@@ -39,139 +46,6 @@ __all__ = [
     "main",
     "parse_cli_overrides",
 ]
-
-
-@dataclass
-class ProactiveFilterConfig:
-    """What to do with a STUCK head buffer's last RESERVED groups (PSRL's proactive filter)."""
-
-    method: Literal["null", "retry", "truncate"] = field(
-        default="null", metadata=null_means("null")
-    )
-    """``retry`` aborts and re-dispatches them, ``truncate`` force-completes them, ``null`` waits."""
-    threshold: int = field(
-        default=4, metadata=bounds(ge=0, fix="count RESERVED entries, e.g. 4 (the default)")
-    )
-    """Act only when the STUCK buffer has at most this many RESERVED entries."""
-    stuck_timeout_s: float | None = field(
-        default=None, metadata=bounds(ge=0, fix="give seconds, or null to act at once")
-    )
-    """Act only once the buffer has been STUCK this long (seconds); ``None`` acts at once."""
-    max_retries: int = field(
-        default=2, metadata=bounds(ge=0, fix="e.g. 2 (the default); 0 never retries a prompt")
-    )
-    """``retry`` only: how often one prompt may be retried; a group past it is waited for."""
-
-
-@dataclass
-class GroupPostProcessConfig:
-    """Group post-processors run when a group completes (PSRL's ``group_post_process``)."""
-
-    enable: bool = False
-    """Run the post-processor on every completed group."""
-    name: str = "dynamic_sampling_filter"
-    """A registered post-processor; ``dynamic_sampling_filter`` drops zero-variance groups."""
-
-
-@dataclass
-class FilterGroupsConfig:
-    """``algorithm.filter_groups``: which per-trajectory metric the dynamic sampling filter uses."""
-
-    metric: str = "score"
-    """``score``, ``acc``, ``seq_reward`` or ``seq_final_reward``."""
-
-
-@dataclass
-class RolloutConfig:
-    """Admission and staleness control: the executor's settings (AReaL's ``InferenceEngineConfig``
-    names, PSRL's ``psrl.*`` names as aliases)."""
-
-    staleness_policy: Literal["buffer", "capacity"] = "buffer"
-    """``buffer``: PSRL's per-trajectory staleness buffer. ``capacity``: AReaL's count-based
-    admission (bounds staleness in aggregate only)."""
-    max_head_offpolicyness: int = field(
-        default=2, metadata=bounds(ge=0, fix="use 0 for synchronous training")
-    )
-    """η, the staleness bound: a trajectory generated at version V is trained at V + η at the latest.
-    0 is synchronous training. Aliases: ``psrl.staleness``, ``--max-head-offpolicyness``."""
-    consumer_batch_size: int = field(
-        default=8, metadata=bounds(ge=1, fix="train on at least one group per step")
-    )
-    """B, groups per training step."""
-    max_concurrent_rollouts: int | None = field(
-        default=None,
-        metadata=bounds(ge=1, fix="allow at least one rollout, or null for all the window allows"),
-    )
-    """The most groups generating at once. ``None`` means, with ``staleness_policy: buffer``,
-    ``min(η + 1, 8)·B′``: all the window allows, but at most 8 batches (a huge η would otherwise
-    flood the engines and the first step would wait for all of it); with ``capacity``, ``B``
-    (AReaL's fallback)."""
-    group_size: int = field(
-        default=4, metadata=bounds(ge=1, fix="use 1 for no grouping, more for GRPO-style groups")
-    )
-    """N, trajectories per group (GRPO's group). Alias: ``psrl.rollout_n``."""
-    buffer_size: int | None = field(
-        default=None, metadata=bounds(ge=1, fix="use null for B′ = B (no batch-level redundancy)")
-    )
-    """B′, entries per buffer (≥ B); more than B is batch-level redundancy. ``None`` means B."""
-    group_redundancy: int | None = field(
-        default=None, metadata=bounds(ge=1, fix="use null for N′ = N (no group-level redundancy)")
-    )
-    """N′, trajectories launched per group (≥ N); more than N is group-level redundancy."""
-    queue_size: int | None = field(
-        default=None, metadata=bounds(ge=1, fix="use null for 16 × the concurrency limit")
-    )
-    """Input queue bound; ``None`` means 16 × the concurrency limit."""
-    request_timeout: float = field(
-        default=3600.0, metadata=bounds(gt=0, fix="give seconds, e.g. 3600 (the default)")
-    )
-    """Seconds before a running episode is cancelled and counted as timed out."""
-    max_consecutive_failures: int = field(
-        default=32, metadata=bounds(ge=1, fix="e.g. 32 (the default)")
-    )
-    """The executor stops with an error after this many groups fail in a row."""
-    reject_stale_results: bool = False
-    """``capacity`` policy only: drop results staler than η when they complete (counted as wasted)."""
-    proactive_filter: ProactiveFilterConfig = field(default_factory=ProactiveFilterConfig)
-    group_post_process: GroupPostProcessConfig = field(default_factory=GroupPostProcessConfig)
-    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
-    max_consecutive_filtered: int = field(
-        default=256, metadata=bounds(ge=1, fix="e.g. 256 (the default)")
-    )
-    """The data loader stops with an error after this many consecutive groups are filtered."""
-    watchdog_timeout_s: float | None = field(
-        default=300.0, metadata=bounds(gt=0, fix="give seconds, e.g. 300, or null to disable")
-    )
-    """Log groups whose generation has produced nothing for this long (ids, versions, engine
-    requests); ``None`` disables the watchdog."""
-    progress_log_s: float | None = field(
-        default=60.0, metadata=bounds(gt=0, fix="give seconds, e.g. 60, or null to disable")
-    )
-    """While groups are running, log one line per buffer (occupied / reserved / empty, state) at
-    most this often; ``None`` disables it."""
-
-    def _validate(self) -> Iterator[Invalid]:
-        b = self.consumer_batch_size
-        if self.buffer_size is not None and self.buffer_size < b:
-            yield Invalid(
-                "buffer_size",
-                f"must be ≥ consumer_batch_size ({b}): a buffer holds the batch plus its redundancy",
-                f"use at least {b}, or null for B′ = B",
-            )
-        n = self.group_size
-        if self.group_redundancy is not None and self.group_redundancy < n:
-            yield Invalid(
-                "group_redundancy",
-                f"must be ≥ group_size ({n}): N′ members are launched to finish N",
-                f"use at least {n}, or null for N′ = N",
-            )
-        if self.reject_stale_results and self.staleness_policy != "capacity":
-            yield Invalid(
-                "reject_stale_results",
-                "only applies to staleness_policy=capacity (the buffer policy never trains a "
-                "stale result)",
-                "set it to false, or use staleness_policy=capacity",
-            )
 
 
 @dataclass
@@ -337,12 +211,14 @@ class RayConfig:
 
 ALIASES: Mapping[str, str] = MappingProxyType(
     {
-        # AReaL's top-level names (also the --max-head-offpolicyness style flags).
-        "max_head_offpolicyness": "rollout.max_head_offpolicyness",
+        # The staleness bound's spellings (rollout.max_head_offpolicyness, max_head_offpolicyness,
+        # psrl.staleness): kept with the bound in stalebound.runtime.config, the one place that
+        # maps them.
+        **STALENESS_ALIASES,
+        # AReaL's top-level names (also the --max-concurrent-rollouts style flags).
         "max_concurrent_rollouts": "rollout.max_concurrent_rollouts",
         "consumer_batch_size": "rollout.consumer_batch_size",
         # PSRL's names.
-        "psrl.staleness": "rollout.max_head_offpolicyness",
         "psrl.rollout_n": "rollout.group_size",
         "psrl.proactive_filter_strategy.method": "rollout.proactive_filter.method",
         "psrl.proactive_filter_strategy.threshold": "rollout.proactive_filter.threshold",

@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from stalebound.config import RolloutConfig
 from stalebound.core import (
     ConfigError,
     Coordinator,
@@ -40,6 +39,7 @@ from stalebound.core import events as ev
 from stalebound.core.coordinator import OUTCOMES
 from stalebound.runtime import reports
 from stalebound.runtime.checkpoint import STATE_FORMAT, build_state, read_state
+from stalebound.runtime.config import RolloutConfig
 from stalebound.runtime.episodes import (
     Episodes,
     Item,

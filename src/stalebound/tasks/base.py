@@ -15,22 +15,21 @@ A *task* turns samples (a question and its reference answer) into prompts, score
 from __future__ import annotations
 
 import abc
+import importlib
 import math
 import random
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from stalebound.core.errors import ConfigError
 from stalebound.tasks.charset import check_text
 from stalebound.tasks.config import TaskConfig
+from stalebound.tasks.episode import Sample, TokenizerLike, Trajectory, Turn, Workflow
 from stalebound.tasks.latency import latency_problems, sample_latency
+from stalebound.tasks.workflow import SingleTurnWorkflow
 from stalebound.userfiles import json_line, label, read_lines
-
-if TYPE_CHECKING:
-    from stalebound.tasks.workflow import TokenizerLike, Workflow
 
 __all__ = [
     "Sample",
@@ -44,79 +43,6 @@ __all__ = [
     "make_task",
     "register_task",
 ]
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One prompt of a task: ``question`` is what the task formats into a prompt, ``answer`` the
-    reference answer the reward compares against; ``data`` holds any other fields of the record."""
-
-    id: str
-    question: str
-    answer: str
-    data: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One turn of a reference solution: ``model`` turns are what the policy should write (each
-    ends with the end-of-sequence token), ``tool`` turns are inserted by the environment."""
-
-    text: str
-    role: Literal["model", "tool"] = "model"
-
-
-@dataclass
-class Trajectory:
-    """One finished episode, in tokens, as the trainer consumes it.
-
-    ``output_ids`` are everything after the prompt: the model's tokens and, in multi-turn episodes,
-    the tool results inserted between its turns (``loss_mask`` 0: they are not trained on).
-    ``behaviour_logprobs[i]`` and ``versions[i]`` are the log-probability and policy version of
-    ``output_ids[i]`` as reported by the engine (tool tokens carry 0.0 and the version of the model
-    token before them). ``version`` is V_traj, the policy version when generation started; ``None``
-    means ``min(versions)``. ``truncated`` is true when the episode did not finish (length limit,
-    turn limit or abort); the loss may mask it.
-    """
-
-    prompt_ids: list[int]
-    output_ids: list[int]
-    behaviour_logprobs: list[float]
-    versions: list[int]
-    reward: float
-    truncated: bool = False
-    loss_mask: list[int] | None = None
-    version: int | None = None
-    sample_id: str = ""
-    response: str = ""
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        n = len(self.output_ids)
-        lengths = {
-            "behaviour_logprobs": len(self.behaviour_logprobs),
-            "versions": len(self.versions),
-        }
-        if self.loss_mask is not None:
-            lengths["loss_mask"] = len(self.loss_mask)
-        bad = {k: v for k, v in lengths.items() if v != n}
-        if bad:
-            raise ConfigError(
-                f"trajectory {self.sample_id!r}: output_ids has {n} tokens but {bad}; every "
-                "per-token list must have one entry per output token"
-            )
-
-    @property
-    def v_traj(self) -> int:
-        """V_traj: ``version`` if set, else the smallest per-token version (0 if no tokens)."""
-        if self.version is not None:
-            return self.version
-        return min(self.versions, default=0)
-
-    @property
-    def num_trained_tokens(self) -> int:
-        """Output tokens the loss sees (``loss_mask`` 1)."""
-        return len(self.output_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
 class Task(abc.ABC):
@@ -176,8 +102,6 @@ class Task(abc.ABC):
 
     def workflow(self, tokenizer: TokenizerLike) -> Workflow:
         """The episode runner for this task: one model turn by default."""
-        from stalebound.tasks.workflow import SingleTurnWorkflow
-
         return SingleTurnWorkflow(self, tokenizer)
 
     def samples(self) -> list[Sample]:
@@ -208,6 +132,21 @@ TaskFactory = Callable[[TaskConfig], Task]
 _REGISTRY: dict[str, TaskFactory] = {}
 _F = TypeVar("_F", bound=TaskFactory)
 
+_BUILTINS = ("arithmetic", "strings", "calculator")
+"""The modules of the built-in tasks, imported (and so registered) on the registry's first use:
+importing the task settings (``stalebound.config``) loads no task."""
+_BUILTIN_MODULES = frozenset(f"stalebound.tasks.{m}" for m in _BUILTINS)
+_builtins_loaded = False
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    _builtins_loaded = True  # first: their own register_task calls come back here
+    for module in sorted(_BUILTIN_MODULES):
+        importlib.import_module(module)
+
 
 def register_task(name: str) -> Callable[[_F], _F]:
     """Class or factory decorator: make the task available as ``TaskConfig(name=name)``.
@@ -215,6 +154,8 @@ def register_task(name: str) -> Callable[[_F], _F]:
     Registering a name twice raises :class:`ConfigError` (pick another name)."""
 
     def deco(factory: _F) -> _F:
+        if getattr(factory, "__module__", None) not in _BUILTIN_MODULES:
+            _load_builtins()  # the built-in names are taken before a user's task can claim one
         if name in _REGISTRY and _REGISTRY[name] is not factory:
             raise ConfigError(
                 f"task name={name!r}: already registered by {_REGISTRY[name]!r}; choose another name"
@@ -229,11 +170,13 @@ def register_task(name: str) -> Callable[[_F], _F]:
 
 def list_tasks() -> list[str]:
     """The registered task names, sorted."""
+    _load_builtins()
     return sorted(_REGISTRY)
 
 
 def make_task(config: TaskConfig) -> Task:
     """Build the task ``config.name`` (raises :class:`ConfigError` for an unknown name)."""
+    _load_builtins()
     try:
         factory = _REGISTRY[config.name]
     except KeyError:

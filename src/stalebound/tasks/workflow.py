@@ -1,7 +1,7 @@
 """Episode runners that work over any engine.
 
-A workflow turns one :class:`~stalebound.tasks.base.Sample` into one
-:class:`~stalebound.tasks.base.Trajectory` by calling ``generate`` — an ``async`` function of
+A workflow turns one :class:`~stalebound.tasks.episode.Sample` into one
+:class:`~stalebound.tasks.episode.Trajectory` by calling ``generate`` — an ``async`` function of
 (prompt token ids, ``max_new_tokens``, stop token ids) that returns an object with ``output_ids``,
 ``output_logprobs``, ``output_versions`` and ``finish_reason`` (``stop`` | ``length`` | ``abort``).
 The engines' ``GenerateResponse`` has exactly these fields, so adapting an engine is one line::
@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
 
 from stalebound.core.errors import ConfigError
-from stalebound.tasks.base import Sample, Trajectory
-
-if TYPE_CHECKING:
-    from stalebound.tasks.base import Task
+from stalebound.tasks.episode import (
+    EpisodeTask,
+    GenerateFn,
+    Generation,
+    Sample,
+    TokenizerLike,
+    Trajectory,
+    Workflow,
+)
 
 __all__ = [
     "GenerateFn",
@@ -40,44 +44,6 @@ __all__ = [
     "eos_id",
     "stop_ids",
 ]
-
-
-class Generation(Protocol):
-    """What one ``generate`` call returns (the engines' ``GenerateResponse`` fits)."""
-
-    @property
-    def output_ids(self) -> Sequence[int]: ...
-    @property
-    def output_logprobs(self) -> Sequence[float]: ...
-    @property
-    def output_versions(self) -> Sequence[int]: ...
-    @property
-    def finish_reason(self) -> str: ...
-
-
-class GenerateFn(Protocol):
-    """``await generate(input_ids, max_new_tokens, stop_token_ids)`` → :class:`Generation`."""
-
-    async def __call__(
-        self, input_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int]
-    ) -> Generation: ...
-
-
-class TokenizerLike(Protocol):
-    """The part of a Hugging Face tokenizer the workflows and the trainer use."""
-
-    eos_token_id: Any
-    bos_token_id: Any
-    pad_token_id: Any
-
-    def encode(self, text: str, add_special_tokens: bool = ...) -> Any: ...
-    def decode(self, token_ids: Any, skip_special_tokens: bool = ...) -> Any: ...
-
-
-class Workflow(Protocol):
-    """Runs one episode of a task."""
-
-    async def run(self, generate: GenerateFn, sample: Sample) -> Trajectory: ...
 
 
 def eos_id(tokenizer: TokenizerLike) -> int:
@@ -120,7 +86,7 @@ def stop_ids(tokenizer: TokenizerLike) -> tuple[int, ...]:
 
 
 def context_problems(
-    task: Task, tokenizer: TokenizerLike, samples: Sequence[Sample], max_positions: int
+    task: EpisodeTask, tokenizer: TokenizerLike, samples: Sequence[Sample], max_positions: int
 ) -> list[str]:
     """A problem (``name=value: why; the fix``) if the longest rendered prompt plus
     ``task.max_new_tokens`` exceeds the model's ``max_positions``; empty if every first turn fits.
@@ -155,7 +121,7 @@ def decode_text(tokenizer: TokenizerLike, ids: Sequence[int]) -> str:
     return str(tokenizer.decode(list(ids), skip_special_tokens=True))
 
 
-async def await_reward(task: Task, sample: Sample, metrics: dict[str, float]) -> None:
+async def await_reward(task: EpisodeTask, sample: Sample, metrics: dict[str, float]) -> None:
     """Wait for the reward of one answer as ``task.config.reward_latency`` says (a real sleep:
     the event loop runs other episodes meanwhile); with a latency configured, record the wait as
     ``metrics["reward_wait_s"]``."""
@@ -170,7 +136,7 @@ class SingleTurnWorkflow:
     """Prompt → one model turn → reward. The episode is truncated if the turn does not end with
     the stop token (length limit or abort), and then scores 0."""
 
-    def __init__(self, task: Task, tokenizer: TokenizerLike) -> None:
+    def __init__(self, task: EpisodeTask, tokenizer: TokenizerLike) -> None:
         self.task = task
         self.tokenizer = tokenizer
         self.stops = stop_ids(tokenizer)

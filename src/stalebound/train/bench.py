@@ -46,7 +46,7 @@ def run_bench(
     for eta in staleness:
         cfg = dataclasses.replace(
             base,
-            rollout=dataclasses.replace(base.rollout, max_head_offpolicyness=eta),
+            rollout=dataclasses.replace(base.rollout, staleness=eta),
             run=dataclasses.replace(
                 base.run, run_dir=str(out_dir / f"eta{eta}"), live=False, plots=False
             ),

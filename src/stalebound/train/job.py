@@ -282,7 +282,7 @@ _RESUME_KEYS = (
     "seed",
     "task",
     "rollout.staleness_policy",
-    "rollout.max_head_offpolicyness",
+    "rollout.staleness",
     "rollout.consumer_batch_size",
     "rollout.max_concurrent_rollouts",
     "rollout.group_size",
@@ -753,7 +753,7 @@ def _train(
         if cfg.run.trace:
             from stalebound.obs.trace import TraceHeader, TraceRecorder
 
-            meta = {"task": cfg.task.name, "staleness": cfg.rollout.max_head_offpolicyness}
+            meta = {"task": cfg.task.name, "staleness": cfg.rollout.staleness}
             header = TraceHeader(source="runtime", group_size=cfg.rollout.group_size, meta=meta)
             name = "trace.jsonl" if resume is None else f"trace-from-step-{resume.step}.jsonl"
             recorder = TraceRecorder(run_dir / name, header)
@@ -812,8 +812,8 @@ def _train(
         closers.append(("the item ledger", ledger.close))
         if recorder is not None:
             closers.append(("the episode trace", recorder.close))
-        view = LiveView(console, staleness=cfg.rollout.max_head_offpolicyness, live=cfg.run.live)
-        eta = cfg.rollout.max_head_offpolicyness
+        view = LiveView(console, staleness=cfg.rollout.staleness, live=cfg.run.live)
+        eta = cfg.rollout.staleness
         stop_sampling = threading.Event()
 
         # The executor's counters and buffers are sampled here, off the trainer's path: each read

@@ -1,0 +1,203 @@
+"""The executor's settings: admission, staleness control, filters and the watchdog.
+
+``RolloutConfig`` lives next to what it configures (the executor), so loading the runtime loads no
+task and no trainer; :mod:`stalebound.config` composes it into the whole tree.
+
+The staleness bound is one setting, :attr:`RolloutConfig.staleness`. The spellings users bring from
+AReaL and PSRL are accepted at the config edge only, and the names are kept in one place:
+:data:`STALENESS_ALIASES` (YAML keys, overrides and flags) and AReaL's keyword
+:data:`AREAL_STALENESS_NAME` on this class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import InitVar, dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from stalebound.core.errors import ConfigError
+from stalebound.typedconfig import Invalid, bounds, null_means
+
+__all__ = [
+    "AREAL_STALENESS_NAME",
+    "STALENESS_ALIASES",
+    "FilterGroupsConfig",
+    "GroupPostProcessConfig",
+    "ProactiveFilterConfig",
+    "RolloutConfig",
+]
+
+AREAL_STALENESS_NAME = "max_head_offpolicyness"
+"""AReaL's name of the staleness bound. Today it means exactly :attr:`RolloutConfig.staleness`;
+this constant and :data:`STALENESS_ALIASES` are the only places that say so, so giving it a
+meaning of its own (a soft admission target below the hard bound) changes these two lines and
+adds a field."""
+
+STALENESS_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        f"rollout.{AREAL_STALENESS_NAME}": "rollout.staleness",
+        AREAL_STALENESS_NAME: "rollout.staleness",  # also --max-head-offpolicyness
+        "psrl.staleness": "rollout.staleness",
+    }
+)
+"""Every spelling of the staleness bound a config may use, mapped to its one key."""
+
+_DEFAULT_STALENESS = 2
+
+
+@dataclass
+class ProactiveFilterConfig:
+    """What to do with a STUCK head buffer's last RESERVED groups (PSRL's proactive filter)."""
+
+    method: Literal["null", "retry", "truncate"] = field(
+        default="null", metadata=null_means("null")
+    )
+    """``retry`` aborts and re-dispatches them, ``truncate`` force-completes them, ``null`` waits."""
+    threshold: int = field(
+        default=4, metadata=bounds(ge=0, fix="count RESERVED entries, e.g. 4 (the default)")
+    )
+    """Act only when the STUCK buffer has at most this many RESERVED entries."""
+    stuck_timeout_s: float | None = field(
+        default=None, metadata=bounds(ge=0, fix="give seconds, or null to act at once")
+    )
+    """Act only once the buffer has been STUCK this long (seconds); ``None`` acts at once."""
+    max_retries: int = field(
+        default=2, metadata=bounds(ge=0, fix="e.g. 2 (the default); 0 never retries a prompt")
+    )
+    """``retry`` only: how often one prompt may be retried; a group past it is waited for."""
+
+
+@dataclass
+class GroupPostProcessConfig:
+    """Group post-processors run when a group completes (PSRL's ``group_post_process``)."""
+
+    enable: bool = False
+    """Run the post-processor on every completed group."""
+    name: str = "dynamic_sampling_filter"
+    """A registered post-processor; ``dynamic_sampling_filter`` drops zero-variance groups."""
+
+
+@dataclass
+class FilterGroupsConfig:
+    """``algorithm.filter_groups``: which per-trajectory metric the dynamic sampling filter uses."""
+
+    metric: str = "score"
+    """``score``, ``acc``, ``seq_reward`` or ``seq_final_reward``."""
+
+
+@dataclass
+class RolloutConfig:
+    """Admission and staleness control: the executor's settings (AReaL's ``InferenceEngineConfig``
+    names, PSRL's ``psrl.*`` names as aliases)."""
+
+    staleness_policy: Literal["buffer", "capacity"] = "buffer"
+    """``buffer``: PSRL's per-trajectory staleness buffer. ``capacity``: AReaL's count-based
+    admission (bounds staleness in aggregate only)."""
+    staleness: int = field(
+        default=_DEFAULT_STALENESS, metadata=bounds(ge=0, fix="use 0 for synchronous training")
+    )
+    """η, the staleness bound: a trajectory generated at version V is trained at V + η at the latest.
+    0 is synchronous training. Also spelt ``rollout.max_head_offpolicyness`` (AReaL),
+    ``psrl.staleness`` (PSRL) and ``--max-head-offpolicyness``."""
+    consumer_batch_size: int = field(
+        default=8, metadata=bounds(ge=1, fix="train on at least one group per step")
+    )
+    """B, groups per training step."""
+    max_concurrent_rollouts: int | None = field(
+        default=None,
+        metadata=bounds(ge=1, fix="allow at least one rollout, or null for all the window allows"),
+    )
+    """The most groups generating at once. ``None`` means, with ``staleness_policy: buffer``,
+    ``min(η + 1, 8)·B′``: all the window allows, but at most 8 batches (a huge η would otherwise
+    flood the engines and the first step would wait for all of it); with ``capacity``, ``B``
+    (AReaL's fallback)."""
+    group_size: int = field(
+        default=4, metadata=bounds(ge=1, fix="use 1 for no grouping, more for GRPO-style groups")
+    )
+    """N, trajectories per group (GRPO's group). Alias: ``psrl.rollout_n``."""
+    buffer_size: int | None = field(
+        default=None, metadata=bounds(ge=1, fix="use null for B′ = B (no batch-level redundancy)")
+    )
+    """B′, entries per buffer (≥ B); more than B is batch-level redundancy. ``None`` means B."""
+    group_redundancy: int | None = field(
+        default=None, metadata=bounds(ge=1, fix="use null for N′ = N (no group-level redundancy)")
+    )
+    """N′, trajectories launched per group (≥ N); more than N is group-level redundancy."""
+    queue_size: int | None = field(
+        default=None, metadata=bounds(ge=1, fix="use null for 16 × the concurrency limit")
+    )
+    """Input queue bound; ``None`` means 16 × the concurrency limit."""
+    request_timeout: float = field(
+        default=3600.0, metadata=bounds(gt=0, fix="give seconds, e.g. 3600 (the default)")
+    )
+    """Seconds before a running episode is cancelled and counted as timed out."""
+    max_consecutive_failures: int = field(
+        default=32, metadata=bounds(ge=1, fix="e.g. 32 (the default)")
+    )
+    """The executor stops with an error after this many groups fail in a row."""
+    reject_stale_results: bool = False
+    """``capacity`` policy only: drop results staler than η when they complete (counted as wasted)."""
+    proactive_filter: ProactiveFilterConfig = field(default_factory=ProactiveFilterConfig)
+    group_post_process: GroupPostProcessConfig = field(default_factory=GroupPostProcessConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    max_consecutive_filtered: int = field(
+        default=256, metadata=bounds(ge=1, fix="e.g. 256 (the default)")
+    )
+    """The data loader stops with an error after this many consecutive groups are filtered."""
+    watchdog_timeout_s: float | None = field(
+        default=300.0, metadata=bounds(gt=0, fix="give seconds, e.g. 300, or null to disable")
+    )
+    """Log groups whose generation has produced nothing for this long (ids, versions, engine
+    requests); ``None`` disables the watchdog."""
+    progress_log_s: float | None = field(
+        default=60.0, metadata=bounds(gt=0, fix="give seconds, e.g. 60, or null to disable")
+    )
+    """While groups are running, log one line per buffer (occupied / reserved / empty, state) at
+    most this often; ``None`` disables it."""
+
+    max_head_offpolicyness: InitVar[int | None] = None
+    """AReaL's keyword for :attr:`staleness` (``RolloutConfig(max_head_offpolicyness=4)``); read
+    back as an attribute too. Not a field of its own: see :data:`AREAL_STALENESS_NAME`."""
+
+    def __post_init__(self, max_head_offpolicyness: int | None) -> None:
+        if max_head_offpolicyness is None:
+            return
+        if self.staleness != _DEFAULT_STALENESS and self.staleness != max_head_offpolicyness:
+            raise ConfigError(
+                f"max_head_offpolicyness={max_head_offpolicyness!r}: conflicts with "
+                f"staleness={self.staleness!r} (both set the staleness bound); keep only one of "
+                "them"
+            )
+        self.staleness = max_head_offpolicyness
+
+    def _validate(self) -> Iterator[Invalid]:
+        # the redundant sizes (B′, N′) are at least what they add redundancy to (B, N)
+        for key, value, floor_key, floor, why, same in (
+            ("buffer_size", self.buffer_size, "consumer_batch_size", self.consumer_batch_size,
+             "a buffer holds the batch plus its redundancy", "B′ = B"),
+            ("group_redundancy", self.group_redundancy, "group_size", self.group_size,
+             "N′ members are launched to finish N", "N′ = N"),
+        ):  # fmt: skip
+            if value is not None and value < floor:
+                yield Invalid(
+                    key,
+                    f"must be ≥ {floor_key} ({floor}): {why}",
+                    f"use at least {floor}, or null for {same}",
+                )
+        if self.reject_stale_results and self.staleness_policy != "capacity":
+            yield Invalid(
+                "reject_stale_results",
+                "only applies to staleness_policy=capacity (the buffer policy never trains a "
+                "stale result)",
+                "set it to false, or use staleness_policy=capacity",
+            )
+
+
+def _read_staleness(self: RolloutConfig) -> int:
+    return self.staleness
+
+
+# AReaL's attribute reads back the bound (code that takes AReaL's config reads it by that name);
+# set after the class so the dataclass keeps the keyword as an init-only variable.
+setattr(RolloutConfig, AREAL_STALENESS_NAME, property(_read_staleness))

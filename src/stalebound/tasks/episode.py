@@ -1,0 +1,152 @@
+"""What a task and its workflows share: samples, turns, trajectories, and the interfaces an
+episode runs against (the tokenizer, ``generate``, the workflow, the task as a workflow sees it).
+
+Kept apart from :mod:`stalebound.tasks.base` (the task interface and registry) and
+:mod:`stalebound.tasks.workflow` (the episode runners) so that those two import this module and
+not each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from stalebound.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stalebound.tasks.config import TaskConfig
+
+__all__ = [
+    "EpisodeTask",
+    "GenerateFn",
+    "Generation",
+    "Sample",
+    "TokenizerLike",
+    "Trajectory",
+    "Turn",
+    "Workflow",
+]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One prompt of a task: ``question`` is what the task formats into a prompt, ``answer`` the
+    reference answer the reward compares against; ``data`` holds any other fields of the record."""
+
+    id: str
+    question: str
+    answer: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a reference solution: ``model`` turns are what the policy should write (each
+    ends with the end-of-sequence token), ``tool`` turns are inserted by the environment."""
+
+    text: str
+    role: Literal["model", "tool"] = "model"
+
+
+@dataclass
+class Trajectory:
+    """One finished episode, in tokens, as the trainer consumes it.
+
+    ``output_ids`` are everything after the prompt: the model's tokens and, in multi-turn episodes,
+    the tool results inserted between its turns (``loss_mask`` 0: they are not trained on).
+    ``behaviour_logprobs[i]`` and ``versions[i]`` are the log-probability and policy version of
+    ``output_ids[i]`` as reported by the engine (tool tokens carry 0.0 and the version of the model
+    token before them). ``version`` is V_traj, the policy version when generation started; ``None``
+    means ``min(versions)``. ``truncated`` is true when the episode did not finish (length limit,
+    turn limit or abort); the loss may mask it.
+    """
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    behaviour_logprobs: list[float]
+    versions: list[int]
+    reward: float
+    truncated: bool = False
+    loss_mask: list[int] | None = None
+    version: int | None = None
+    sample_id: str = ""
+    response: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.output_ids)
+        lengths = {
+            "behaviour_logprobs": len(self.behaviour_logprobs),
+            "versions": len(self.versions),
+        }
+        if self.loss_mask is not None:
+            lengths["loss_mask"] = len(self.loss_mask)
+        bad = {k: v for k, v in lengths.items() if v != n}
+        if bad:
+            raise ConfigError(
+                f"trajectory {self.sample_id!r}: output_ids has {n} tokens but {bad}; every "
+                "per-token list must have one entry per output token"
+            )
+
+    @property
+    def v_traj(self) -> int:
+        """V_traj: ``version`` if set, else the smallest per-token version (0 if no tokens)."""
+        if self.version is not None:
+            return self.version
+        return min(self.versions, default=0)
+
+    @property
+    def num_trained_tokens(self) -> int:
+        """Output tokens the loss sees (``loss_mask`` 1)."""
+        return len(self.output_ids) if self.loss_mask is None else sum(self.loss_mask)
+
+
+class Generation(Protocol):
+    """What one ``generate`` call returns (the engines' ``GenerateResponse`` fits)."""
+
+    @property
+    def output_ids(self) -> Sequence[int]: ...
+    @property
+    def output_logprobs(self) -> Sequence[float]: ...
+    @property
+    def output_versions(self) -> Sequence[int]: ...
+    @property
+    def finish_reason(self) -> str: ...
+
+
+class GenerateFn(Protocol):
+    """``await generate(input_ids, max_new_tokens, stop_token_ids)`` → :class:`Generation`."""
+
+    async def __call__(
+        self, input_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int]
+    ) -> Generation: ...
+
+
+class TokenizerLike(Protocol):
+    """The part of a Hugging Face tokenizer the workflows and the trainer use."""
+
+    eos_token_id: Any
+    bos_token_id: Any
+    pad_token_id: Any
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> Any: ...
+    def decode(self, token_ids: Any, skip_special_tokens: bool = ...) -> Any: ...
+
+
+class Workflow(Protocol):
+    """Runs one episode of a task."""
+
+    async def run(self, generate: GenerateFn, sample: Sample) -> Trajectory: ...
+
+
+class EpisodeTask(Protocol):
+    """The part of a :class:`~stalebound.tasks.base.Task` a workflow uses."""
+
+    @property
+    def config(self) -> TaskConfig: ...
+    def prompt(self, sample: Sample) -> str: ...
+    def metrics(
+        self, sample: Sample, response: str, *, truncated: bool = False
+    ) -> dict[str, float]: ...
+    def reward_delay(self, sample: Sample) -> float: ...
