@@ -1,19 +1,23 @@
 """The main job: ``stalebound train`` — asynchronous GRPO on the embedded default, end to end.
 
-Top to bottom, :func:`run_training`:
+:func:`run_training` runs :class:`TrainRecipe`, whose methods read top to bottom:
 
-1. builds (or reuses) the policy checkpoint and loads it for the trainer;
-2. warm-starts it on the task's reference answers, so RL starts from a non-zero reward;
-3. starts the engine replicas (worker processes) from the warm-started weights;
-4. runs the executor (the staleness policy of ``rollout.staleness_policy``) over the task's prompts;
-5. loops: take the next consumed batch, train one step, publish the weights (version + 1) to the
-   engines, log, draw;
-6. evaluates before and after, writes the run directory (config, metrics, TensorBoard, plots,
-   checkpoint) and returns a :class:`TrainResult`.
+1. ``setup``: checks the checkpoint to resume, the task and the paths before writing anything,
+   takes the run directory, builds (or reuses) the policy and warm-starts it on the task's
+   reference answers (so RL starts from a non-zero reward), starts the engines and the executor
+   (the staleness policy of ``rollout.staleness_policy``) and the trainer;
+2. ``load_checkpoint``: when resuming, the executor's groups, the optimizer and the job's totals;
+3. ``train``: take the next consumed batch, train one step, publish the weights (version + 1) to
+   the engines, log, draw, ``save_checkpoint`` when due; then evaluate and write the summary;
+4. ``cleanup``: stop the engines, close the files, release the run directory.
+
+Where the engines and the trainer run (``backend``, ``engine.kind``) is chosen by the factories
+of :mod:`stalebound.train.backends`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import itertools
@@ -25,11 +29,11 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -37,12 +41,18 @@ from stalebound.config import StaleboundConfig, dump_yaml
 from stalebound.core import BufferPolicy, ConfigError, StaleboundError, StalenessPolicy
 from stalebound.engines.protocol import GenerateRequest, GenerateResponse, SamplingParams
 from stalebound.obs.records import BufferRow, buffer_rows
+from stalebound.runtime.config import STALENESS_ALIASES
+from stalebound.train.backends import EngineSet, make_backend, make_engines
+
+if TYPE_CHECKING:
+    from stalebound.runtime.executor import ExecutorStatistics
 
 _log = logging.getLogger(__name__)
 
 __all__ = [
     "EngineEpisode",
     "RunDirectoryError",
+    "TrainRecipe",
     "TrainResult",
     "TrainingFailed",
     "TrainingInterrupted",
@@ -69,7 +79,8 @@ class TrainResult:
     max_staleness: int
     """The largest staleness of any trained token's trajectory (≤ η under the buffer policy)."""
     violations: int
-    """Trained trajectories staler than η."""
+    """Trained groups staler than η, as the staleness policy counts them (always 0 under the
+    buffer policy)."""
     wall_s: float
     """Wall time of the RL phase (engines started to last step)."""
     trajectories_per_s: float
@@ -190,72 +201,6 @@ class BusyMeter:
         return idle / total if total > 0 else 0.0
 
 
-def _make_http_engines(cfg: StaleboundConfig) -> list[Any]:
-    """One client per server URL (``engine.kind`` vllm or sglang); started on the executor's loop."""
-    from stalebound.engines.vllm import SGLangEngine, VLLMEngine
-
-    e = cfg.engine
-    if e.kind == "sglang":
-        return [SGLangEngine(url, seed=cfg.seed + i) for i, url in enumerate(e.urls)]
-    continue_ = e.interrupt_mode == "continue"
-    return [
-        VLLMEngine(
-            url,
-            api="generate" if continue_ else "completions",
-            interrupt_mode=e.interrupt_mode,
-            seed=cfg.seed + i,
-            weight_transfer=e.weight_transfer,
-        )
-        for i, url in enumerate(e.urls)
-    ]
-
-
-def _make_engine(
-    cfg: StaleboundConfig, model_dir: Path, version: int
-) -> tuple[Any, Callable[[], None], list[Any]]:
-    """The engine the workflows use, how to close it, and the local engines behind it (their
-    ``death`` says why one died); local and Ray engines (HTTP ones: see above)."""
-    e = cfg.engine
-    if cfg.backend == "ray":
-        from stalebound.distributed import make_ray_engine
-
-        router = make_ray_engine(cfg, model_path=str(model_dir), version=version)
-        return router, router.close, []
-    from stalebound.engines.local import LocalEngine
-    from stalebound.engines.router import Router
-
-    engines: list[LocalEngine] = []
-
-    def close() -> None:
-        for engine in engines:
-            engine.close()
-
-    try:
-        for i in range(e.replicas):
-            engines.append(
-                LocalEngine(
-                    model_dir,
-                    version=version,
-                    seed=cfg.seed + i,
-                    max_batch_size=e.max_batch_size,
-                    interrupt_mode=e.interrupt_mode,
-                    num_threads=e.num_threads,
-                    name=f"local{i}",
-                    device=e.device,
-                    dtype=e.dtype,
-                )
-            )
-        for engine in engines:
-            engine.wait_ready(timeout=300)
-    except BaseException:  # one failed to start (or a second Ctrl-C): stop those that did
-        close()
-        raise
-    if len(engines) == 1:
-        return engines[0], close, list(engines)
-    spread = Router(engines, max_in_flight_per_engine=e.max_in_flight_per_engine)
-    return spread, close, list(engines)
-
-
 def _base_model_dir(cfg: StaleboundConfig) -> Path:
     """The checkpoint a new run starts from: ``engine.model_path``, or the default tiny model
     (built once into ``engine.cache_dir``)."""
@@ -268,6 +213,24 @@ def _base_model_dir(cfg: StaleboundConfig) -> Path:
 
 def _default_run_dir() -> Path:
     return Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+
+
+def executor_metrics(es: ExecutorStatistics) -> dict[str, float]:
+    """The executor's counters a training step logs (typed fields, not getattr: a misspelt
+    counter fails the type check instead of logging a silent zero)."""
+    return {
+        "filtered_groups": float(es.filtered_groups),
+        "failed_groups": float(es.failed_groups),
+        "failed_members": float(sum(es.member_failures.values())),
+        "timed_out_members": float(es.member_failures.get("timeout", 0)),
+        "retried_groups": float(es.retried_groups),
+        "truncated_groups": float(es.truncated_groups),
+        "dropped_groups": float(es.dropped_groups),
+        "surplus_groups": float(es.surplus_groups),
+        "resumed_groups": float(es.resumed_groups),
+        "aborted_tokens": float(sum(es.aborted_tokens.values())),
+        "stuck_seconds": es.stuck_seconds,
+    }
 
 
 def _head_rows(policy: StalenessPolicy) -> tuple[int, list[BufferRow]]:
@@ -497,121 +460,6 @@ def _clear_unfinished_start(run_dir: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> TrainResult:
-    """Run the main job on ``cfg``; see the module docstring.
-
-    ``cfg.run.resume`` continues a run from a checkpoint (a run directory means its newest), or
-    starts again from the beginning a run that stopped before its first checkpoint. Resuming from
-    a checkpoint older than the run's newest makes it the newest: the later ones move to
-    ``RUN_DIR/abandoned/`` and the records are cut back to its step. One process at a time runs
-    in a run directory (:class:`~stalebound.train.runlock.RunLock`)."""
-    from stalebound.engines.models import checkpoint_info, load_tokenizer
-    from stalebound.tasks import make_task
-    from stalebound.tasks.workflow import context_problems
-    from stalebound.train.checkpoint import (
-        abandon_after,
-        atomic_write_text,
-        find_checkpoint,
-        run_dir_of,
-    )
-    from stalebound.train.runlock import RunLock
-    from stalebound.userfiles import check_run_paths
-
-    console = console or Console()
-    # A resumed run checks its checkpoint (every file's checksum) before it starts anything.
-    resume = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
-    restart = bool(cfg.run.resume) and resume is None
-    saved = _SavedJob.read(resume) if resume is not None else None
-    if restart:
-        gone = run_dir_of(cfg.run.resume or "")
-        if not (gone / "config.yaml").is_file():
-            raise ConfigError(
-                f"resume={cfg.run.resume!r}: neither a checkpoint nor the directory of a run; "
-                "give a run directory written by stalebound train, or one of its checkpoints"
-            )
-        if (gone / "summary.json").is_file():  # starting it again would throw its results away
-            raise ConfigError(
-                f"resume={cfg.run.resume!r}: the run finished without a checkpoint "
-                "(run.checkpoint=false), so there is nothing to continue from; start a new run "
-                "in another directory"
-            )
-    if resume is not None and saved is not None:
-        now = _resume_settings(cfg)
-        changed = [
-            f"{k}: {saved.settings.get(k)!r} → {now[k]!r}"
-            for k in now
-            if saved.settings.get(k) != now[k]
-        ]
-        if changed:
-            raise ConfigError(
-                f"resume={cfg.run.resume!r}: the checkpoint was written with other settings "
-                f"({'; '.join(changed)}); resume with the run's own settings (its config.yaml) "
-                "or start a new run"
-            )
-        if cfg.run.steps < resume.step:
-            raise ConfigError(
-                f"run.steps={cfg.run.steps}: the run is already at step {resume.step} "
-                f"({resume.path}); give run.steps={resume.step} or more to continue it, or "
-                "resume from an earlier checkpoint"
-            )
-    if cfg.run.run_dir:
-        run_dir = Path(cfg.run.run_dir)
-    elif cfg.run.resume:
-        run_dir = run_dir_of(resume.path if resume is not None else cfg.run.resume)
-    else:
-        run_dir = _default_run_dir()
-    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
-    # the task's own checks (and its prompt file) before the run directory is touched
-    task = make_task(cfg.task)
-    samples = list(task.samples())
-    check_run_paths(cfg, run_dir, resuming=resume is not None)  # the paths it names, before writing
-    # the checkpoint's own limits (context length, chat template) against the task's prompts
-    base_dir = resume.path if resume is not None else _base_model_dir(cfg)
-    too_long = context_problems(
-        task, load_tokenizer(base_dir), samples, checkpoint_info(base_dir).max_positions
-    )
-    if too_long:
-        raise ConfigError(too_long)
-    lock = RunLock(run_dir)
-    try:
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            lock.acquire()
-            if resume is None and not restart:  # a run directory is never overwritten
-                _refuse_a_held_run_dir(run_dir)
-            moved = abandon_after(run_dir, resume) if resume is not None else []
-            if moved and resume is not None:
-                console.print(
-                    f"{resume.path.name} is older than the run's newest checkpoint: the later "
-                    f"{', '.join(p.name for p in moved)} moved to {moved[0].parent}, and the "
-                    f"records are cut back to step {resume.step}"
-                )
-            if restart:
-                console.print(
-                    f"{run_dir}: no checkpoint yet (the run stopped before its first one); "
-                    "starting it again from the beginning, warm start included"
-                )
-                _clear_unfinished_start(run_dir)
-            atomic_write_text(run_dir / "config.yaml", dump_yaml(cfg))
-        except OSError as exc:
-            raise ConfigError(
-                f"run.run_dir={str(run_dir)!r}: cannot write there ({exc.strerror or exc}); "
-                "choose a writable directory with free space"
-            ) from exc
-        where = _Where(run_dir)
-        if resume is not None:
-            where = _Where(run_dir, resume.step, resume.path)
-        try:
-            return _train(cfg, console, task, samples, resume, saved, restart, where)
-        except KeyboardInterrupt as exc:  # a second signal, or one before the job could listen
-            signum = exc.signum if isinstance(exc, _StopNow) else signal.SIGINT
-            raise TrainingInterrupted(
-                signum, where.step, run_dir, where.checkpoint, at_once=True
-            ) from None
-    finally:
-        lock.release()
-
-
 def _refuse_a_held_run_dir(run_dir: Path) -> None:
     from stalebound.train.checkpoint import CHECKPOINTS, checkpoint_dirs
 
@@ -630,124 +478,266 @@ def _refuse_a_held_run_dir(run_dir: Path) -> None:
     )
 
 
-def _train(
-    cfg: StaleboundConfig,
-    console: Console,
-    task: Any,
-    samples: list[Any],
-    resume: Any,
-    saved: _SavedJob | None,
-    restart: bool,
-    where: _Where,
-) -> TrainResult:
-    """The job itself, once the run directory is locked and its config written."""
-    import torch
-    import transformers
+def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> TrainResult:
+    """Run the main job on ``cfg``: :class:`TrainRecipe` from setup to cleanup.
 
-    from stalebound.engines.devices import resolve_device
-    from stalebound.engines.models import load_model, load_tokenizer
-    from stalebound.obs.live import LiveView, summary_table
-    from stalebound.obs.metrics import RunLogger
-    from stalebound.runtime import WorkflowExecutor
-    from stalebound.train.checkpoint import (
-        ROLLOUT_STATE,
-        TRAINER_STATE,
-        CheckpointError,
-        CheckpointWriteError,
-        atomic_write_text,
-        write_checkpoint,
-    )
-    from stalebound.train.ledger import ItemLedger
-    from stalebound.train.rollout import evaluate
-    from stalebound.train.trainer import Trainer
-    from stalebound.train.warmstart import warm_start
-
-    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    run_dir = where.run_dir
-    train_device = resolve_device(cfg.train.device)
-    threads = cfg.train.num_threads or 1
-    torch.set_num_threads(threads)
-    torch.manual_seed(cfg.seed)
-    stop = _StopRequest(console)
-    stop.__enter__()  # from here on a signal stops the job after its current step
-    # what to stop whatever happens, in this order; what to close (the files), and what to close
-    # here only when the run fails (otherwise after the final evaluation)
-    stopping: list[Callable[[], None]] = []
-    closers: list[tuple[str, Callable[[], None]]] = []
-    on_failure: list[tuple[str, Callable[[], None]]] = []
-    local_engines: list[Any] = []
-    failing = True
+    ``cfg.run.resume`` continues a run from a checkpoint (a run directory means its newest), or
+    starts again from the beginning a run that stopped before its first checkpoint. Resuming from
+    a checkpoint older than the run's newest makes it the newest: the later ones move to
+    ``RUN_DIR/abandoned/`` and the records are cut back to its step. One process at a time runs
+    in a run directory (:class:`~stalebound.train.runlock.RunLock`)."""
+    recipe = TrainRecipe(cfg, console=console)
     try:
+        recipe.setup()
+        recipe.load_checkpoint()
+        return recipe.train()
+    finally:
+        recipe.cleanup()
+
+
+class TrainRecipe:
+    """The main job, read top to bottom: :meth:`setup`, :meth:`load_checkpoint`, :meth:`train`
+    (which calls :meth:`save_checkpoint`), :meth:`cleanup`.
+
+    Where the engines and the trainer run is decided by :func:`~stalebound.train.backends.
+    make_backend` and :func:`~stalebound.train.backends.make_engines`; the recipe itself has no
+    branch on the backend or the engine kind.
+
+    Failures reach the caller as the job's errors: :class:`ConfigError` (before anything is
+    written), :class:`TrainingInterrupted`, :class:`TrainingFailed`, :class:`RunDirectoryError`,
+    or a :class:`~stalebound.train.checkpoint.CheckpointError` naming the checkpoint to use
+    instead.
+    """
+
+    def __init__(self, cfg: StaleboundConfig, *, console: Console | None = None) -> None:
+        self.cfg = cfg
+        self.console = console or Console()
+        self.backend = make_backend(cfg)
+        self.progress = _Progress()
+        self.eval_before = 0.0
+        self.warm_start_s = 0.0
+        self.resume: Any = None
+        """The checkpoint this run continues from, if any."""
+        self.saved: _SavedJob | None = None
+        self.restart = False
+        """The run stopped before its first checkpoint and starts again from the beginning."""
+        self.where: _Where | None = None
+        self._lock: Any = None
+        self._stop: _StopRequest | None = None
+        self._signum: int | None = None
+        """The signal that asked the run to stop after a step, once it stopped listening."""
+        # what to stop whatever happens, in this order; what to close (the files); and what to
+        # close here only when the run fails (otherwise after the final evaluation)
+        self._stopping: list[Callable[[], None]] = []
+        self._closers: list[tuple[str, Callable[[], None]]] = []
+        self._on_failure: list[tuple[str, Callable[[], None]]] = []
+        self._failing = True
+        self._engines: EngineSet | None = None
+        self._sampled: list[Any] = []
+        self._stop_sampling = threading.Event()
+        self._start = 0.0
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Check everything that can be checked before writing (the checkpoint to resume, the
+        task and its prompts, the paths), take the run directory, then build the policy, the
+        engines, the executor, the trainer and the run's records."""
+        self._plan()
+        self._take_run_dir()
+        with self._interruptions():
+            train_device = self._prepare_torch()
+        with self._failures():
+            self._build(train_device)
+
+    def _prepare_torch(self) -> Any:
+        """Torch's threads and seed, and the trainer's device; then listen for signals."""
+        import torch
+        import transformers
+
+        from stalebound.engines.devices import resolve_device
+
+        transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        train_device = resolve_device(self.cfg.train.device)
+        torch.set_num_threads(self.cfg.train.num_threads or 1)
+        torch.manual_seed(self.cfg.seed)
+        self._stop = _StopRequest(self.console)
+        self._stop.__enter__()  # from here on a signal stops the job after its current step
+        return train_device
+
+    def _plan(self) -> None:
+        """Every check before the run directory is touched; raises ConfigError (or a
+        CheckpointError) with nothing written."""
+        from stalebound.engines.models import checkpoint_info, load_tokenizer
+        from stalebound.tasks import make_task
+        from stalebound.tasks.workflow import context_problems
+        from stalebound.train.checkpoint import find_checkpoint, run_dir_of
+        from stalebound.userfiles import check_run_paths
+
+        cfg = self.cfg
+        # A resumed run checks its checkpoint (every file's checksum) before it starts anything.
+        resume = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
+        self.resume = resume
+        self.restart = bool(cfg.run.resume) and resume is None
+        self.saved = _SavedJob.read(resume) if resume is not None else None
+        if self.restart:
+            gone = run_dir_of(cfg.run.resume or "")
+            if not (gone / "config.yaml").is_file():
+                raise ConfigError(
+                    f"resume={cfg.run.resume!r}: neither a checkpoint nor the directory of a run; "
+                    "give a run directory written by stalebound train, or one of its checkpoints"
+                )
+            if (gone / "summary.json").is_file():  # starting it again would throw results away
+                raise ConfigError(
+                    f"resume={cfg.run.resume!r}: the run finished without a checkpoint "
+                    "(run.checkpoint=false), so there is nothing to continue from; start a new "
+                    "run in another directory"
+                )
+        if resume is not None and self.saved is not None:
+            self._check_resume_settings(resume, self.saved)
+        if cfg.run.run_dir:
+            run_dir = Path(cfg.run.run_dir)
+        elif cfg.run.resume:
+            run_dir = run_dir_of(resume.path if resume is not None else cfg.run.resume)
+        else:
+            run_dir = _default_run_dir()
+        self.cfg = cfg = dataclasses.replace(
+            cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir))
+        )
+        self.run_dir = run_dir
+        # the task's own checks (and its prompt file) before the run directory is touched
+        self.task = make_task(cfg.task)
+        self.samples = list(self.task.samples())
+        check_run_paths(cfg, run_dir, resuming=resume is not None)  # the paths, before writing
+        # the checkpoint's own limits (context length, chat template) against the task's prompts
+        base_dir = resume.path if resume is not None else _base_model_dir(cfg)
+        too_long = context_problems(
+            self.task,
+            load_tokenizer(base_dir),
+            self.samples,
+            checkpoint_info(base_dir).max_positions,
+        )
+        if too_long:
+            raise ConfigError(too_long)
+
+    def _check_resume_settings(self, resume: Any, saved: _SavedJob) -> None:
+        cfg = self.cfg
+        now = _resume_settings(cfg)
+        # checkpoints written before the bound had one name store it under AReaL's
+        then = {STALENESS_ALIASES.get(k, k): v for k, v in saved.settings.items()}
+        changed = [f"{k}: {then.get(k)!r} → {now[k]!r}" for k in now if then.get(k) != now[k]]
+        if changed:
+            raise ConfigError(
+                f"resume={cfg.run.resume!r}: the checkpoint was written with other settings "
+                f"({'; '.join(changed)}); resume with the run's own settings (its config.yaml) "
+                "or start a new run"
+            )
+        if cfg.run.steps < resume.step:
+            raise ConfigError(
+                f"run.steps={cfg.run.steps}: the run is already at step {resume.step} "
+                f"({resume.path}); give run.steps={resume.step} or more to continue it, or "
+                "resume from an earlier checkpoint"
+            )
+
+    def _take_run_dir(self) -> None:
+        """Lock the run directory and write the run's config.yaml (ConfigError if it cannot)."""
+        from stalebound.train.checkpoint import abandon_after, atomic_write_text
+        from stalebound.train.runlock import RunLock
+
+        run_dir, resume = self.run_dir, self.resume
+        self._lock = RunLock(run_dir)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()
+            if resume is None and not self.restart:  # a run directory is never overwritten
+                _refuse_a_held_run_dir(run_dir)
+            moved = abandon_after(run_dir, resume) if resume is not None else []
+            if moved and resume is not None:
+                self.console.print(
+                    f"{resume.path.name} is older than the run's newest checkpoint: the later "
+                    f"{', '.join(p.name for p in moved)} moved to {moved[0].parent}, and the "
+                    f"records are cut back to step {resume.step}"
+                )
+            if self.restart:
+                self.console.print(
+                    f"{run_dir}: no checkpoint yet (the run stopped before its first one); "
+                    "starting it again from the beginning, warm start included"
+                )
+                _clear_unfinished_start(run_dir)
+            atomic_write_text(run_dir / "config.yaml", dump_yaml(self.cfg))
+        except OSError as exc:
+            raise ConfigError(
+                f"run.run_dir={str(run_dir)!r}: cannot write there ({exc.strerror or exc}); "
+                "choose a writable directory with free space"
+            ) from exc
+        self.where = (
+            _Where(run_dir) if resume is None else _Where(run_dir, resume.step, resume.path)
+        )
+
+    def _build(self, train_device: Any) -> None:
+        from stalebound.engines.models import load_model, load_tokenizer
+        from stalebound.obs.live import LiveView
+        from stalebound.obs.metrics import RunLogger
+        from stalebound.runtime import WorkflowExecutor
+        from stalebound.train.ledger import ItemLedger
+        from stalebound.train.rollout import evaluate
+        from stalebound.train.warmstart import warm_start
+
+        cfg, console, run_dir, resume = self.cfg, self.console, self.run_dir, self.resume
+
         # 1-2. the policy, warm-started (or the checkpoint's)
         rng = random.Random(cfg.seed)
-        eval_set = rng.sample(samples, min(cfg.run.eval_prompts, len(samples)))
-        order = list(samples)
-        rng.shuffle(order)
-        progress = _Progress()
-        if resume is not None and saved is not None:
-            policy_dir = resume.path
-            try:
-                model = load_model(policy_dir, device=train_device)
-                tokenizer = load_tokenizer(policy_dir)
-            except (OSError, ValueError, RuntimeError, StaleboundError) as exc:
-                raise resume.unusable(
-                    "", f"the policy does not load ({type(exc).__name__}: {exc})"
-                ) from None
-            progress = saved.progress
-            eval_before = saved.eval_before
-            warm_start_s = saved.warm_start_s
-            console.print(
-                f"resuming {run_dir} from {resume.path.name}: step {resume.step}, version "
-                f"{resume.version}"
-            )
-        else:
-            base_dir = _base_model_dir(cfg)
-            model = load_model(base_dir, device=train_device)
-            tokenizer = load_tokenizer(base_dir)
+        self.eval_set = rng.sample(self.samples, min(cfg.run.eval_prompts, len(self.samples)))
+        self.order = list(self.samples)
+        rng.shuffle(self.order)
+        policy_dir = resume.path if resume is not None else _base_model_dir(cfg)
+        try:
+            self.model = load_model(policy_dir, device=train_device)
+            self.tokenizer = load_tokenizer(policy_dir)
+        except (OSError, ValueError, RuntimeError, StaleboundError) as exc:
+            if resume is None:
+                raise
+            raise resume.unusable(
+                "", f"the policy does not load ({type(exc).__name__}: {exc})"
+            ) from None
+        if resume is None:
             ws = warm_start(
-                model,
-                tokenizer,
-                task,
+                self.model,
+                self.tokenizer,
+                self.task,
                 cfg.train.warm_start_steps,
                 batch_size=cfg.train.warm_start_batch_size,
                 lr=cfg.train.warm_start_lr,
                 seed=cfg.train.seed,
             )
-            eval_before = evaluate(model, tokenizer, task, eval_set)["acc"]
-            warm_start_s = ws.seconds
+            self.eval_before = evaluate(self.model, self.tokenizer, self.task, self.eval_set)["acc"]
+            self.warm_start_s = ws.seconds
             policy_dir = run_dir / "policy-v0"
-            model.save_pretrained(policy_dir)
-            tokenizer.save_pretrained(policy_dir)
+            self.model.save_pretrained(policy_dir)
+            self.tokenizer.save_pretrained(policy_dir)
             console.print(
                 f"warm start: {ws.steps} steps in {ws.seconds:.1f}s, loss {ws.first_loss:.3f} → "
-                f"{ws.last_loss:.3f}; greedy accuracy {eval_before:.3f}"
+                f"{ws.last_loss:.3f}; greedy accuracy {self.eval_before:.3f}"
             )
-        start_version = resume.version if resume is not None else 0
+        self.policy_dir = policy_dir
+        version = resume.version if resume is not None else 0
 
         # 3-4. engines and the executor
-        http = cfg.engine.kind != "local"
-        clients: list[Any] = []
-        if http:
-            from stalebound.engines.router import Router
+        engines = make_engines(cfg, self.backend, policy_dir, version)
+        self._engines = engines
+        self._stopping.append(engines.close)
+        self.engine = BusyMeter(engines.engine)
+        self.executor = executor = WorkflowExecutor(cfg.rollout, self.engine).initialize()
+        self._stopping.insert(0, executor.destroy)  # before the engines close
+        for client in engines.clients:
+            executor.run_coroutine(client.start())
 
-            clients = _make_http_engines(cfg)
-            raw_engine: Any = clients[0] if len(clients) == 1 else Router(clients)
-        else:
-            raw_engine, close_engines, local_engines = _make_engine(cfg, policy_dir, start_version)
-            stopping.append(close_engines)
-        engine = BusyMeter(raw_engine)
-        executor = WorkflowExecutor(cfg.rollout, engine).initialize()
-        stopping.insert(0, executor.destroy)  # before the engines close
-        if http:
-            for client in clients:
-                executor.run_coroutine(client.start())
+            def close_client(client: Any = client) -> None:
+                executor.run_coroutine(client.aclose())
 
-                def close_client(client: Any = client) -> None:
-                    executor.run_coroutine(client.aclose())
-
-                stopping.insert(0, close_client)
-            # the servers serve engine.model_path; the job's weights replace them
-            executor.run_coroutine(engine.update_weights(policy_dir, start_version))
+            self._stopping.insert(0, close_client)
+        if engines.serves_other_weights:  # the job's weights replace the servers' own
+            executor.run_coroutine(self.engine.update_weights(policy_dir, version))
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p)
         recorder = None
         if cfg.run.trace:
@@ -757,28 +747,70 @@ def _train(
             header = TraceHeader(source="runtime", group_size=cfg.rollout.group_size, meta=meta)
             name = "trace.jsonl" if resume is None else f"trace-from-step-{resume.step}.jsonl"
             recorder = TraceRecorder(run_dir / name, header)
-        workflow = EngineEpisode(task, tokenizer, sampling, recorder)
-        if resume is not None:
-            rollout_state = resume.rollout_state()
+        self.workflow = EngineEpisode(self.task, self.tokenizer, sampling, recorder)
+
+        # the trainer, publishing each step's weights to the engines
+        self.trainer = self.backend.trainer(cfg, self.model, self.tokenizer, policy_dir, version)
+        self._on_failure.append(("the trainer", lambda: self.backend.close_trainer(self.trainer)))
+        self.trainer.publish(self._publish)
+
+        # the run's records; a run started again from the beginning cuts them back to nothing
+        resume_step = resume.step if resume is not None else (0 if self.restart else None)
+        self.logger = RunLogger(
+            run_dir,
+            tensorboard=cfg.run.tensorboard,
+            resume=resume_step is not None,
+            resume_step=resume_step,
+        )
+        self._on_failure.append(("the metrics", self.logger.close))
+        self.ledger = ItemLedger(run_dir, resume_step=resume_step)
+        self._closers.append(("the item ledger", self.ledger.close))
+        if recorder is not None:
+            self._closers.append(("the episode trace", recorder.close))
+        self.view = LiveView(console, staleness=cfg.rollout.staleness, live=cfg.run.live)
+
+    def _publish(self, state_dict: Any, version: int) -> None:
+        source: Any = state_dict
+        if self._engines is not None and self._engines.weights_on_disk:
+            # servers reload from a directory: write it atomically, keep the last two
+            weights = self.run_dir / "weights"
+            source = weights / f"v{version}"
+            tmp = source.with_name(source.name + ".tmp")
+            self.model.save_pretrained(tmp)
+            os.replace(tmp, source)
+            shutil.rmtree(weights / f"v{version - 2}", ignore_errors=True)
+        self.executor.run_coroutine(self.engine.update_weights(source, version))
+        self.executor.set_version(version)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def load_checkpoint(self) -> None:
+        """Continue from the checkpoint found in :meth:`setup` (if any): the job's totals, the
+        executor's groups and the trainer's optimizer and random state. (The policy's weights
+        were loaded from it when the model was built.)"""
+        import torch
+
+        from stalebound.train.checkpoint import ROLLOUT_STATE, TRAINER_STATE
+
+        resume, saved = self.resume, self.saved
+        if resume is None or saved is None:
+            return
+        with self._failures():
+            self.progress = saved.progress
+            self.eval_before = saved.eval_before
+            self.warm_start_s = saved.warm_start_s
+            self.console.print(
+                f"resuming {self.run_dir} from {resume.path.name}: step {resume.step}, version "
+                f"{resume.version}"
+            )
             try:
-                executor.load_state_dict(rollout_state, workflow)
+                self.executor.load_state_dict(resume.rollout_state(), self.workflow)
             except StaleboundError as exc:
                 raise resume.unusable(ROLLOUT_STATE, str(exc)) from None
-        trainer: Any
-        if cfg.backend == "ray":
-            from stalebound.distributed import make_ray_trainer
-
-            pad = tokenizer.pad_token_id
-            pad = tokenizer.eos_token_id if pad is None else pad
-            trainer = make_ray_trainer(cfg, policy_dir, pad_token_id=pad, version=start_version)
-            on_failure.append(("the trainer ranks", trainer.close))
-        else:
-            trainer = Trainer(model, tokenizer, cfg.train, version=start_version)
-        if resume is not None:
             state = resume.trainer_state()
             try:
                 if state["optimizer"] is not None:
-                    trainer.optimizer.load_state_dict(state["optimizer"])
+                    self.trainer.optimizer.load_state_dict(state["optimizer"])
                 torch.set_rng_state(state["rng"]["torch"])
                 random.setstate(state["rng"]["python"])
             except (ValueError, TypeError, KeyError, RuntimeError) as exc:
@@ -786,113 +818,108 @@ def _train(
                     TRAINER_STATE, f"does not fit this run ({type(exc).__name__}: {exc})"
                 ) from None
 
-        def publish(state_dict: Any, version: int) -> None:
-            source: Any = state_dict
-            if http and cfg.engine.weight_transfer == "disk":
-                # servers reload from a directory: write it atomically, keep the last two
-                source = run_dir / "weights" / f"v{version}"
-                tmp = source.with_name(source.name + ".tmp")
-                model.save_pretrained(tmp)
-                os.replace(tmp, source)
-                shutil.rmtree(run_dir / "weights" / f"v{version - 2}", ignore_errors=True)
-            executor.run_coroutine(engine.update_weights(source, version))
-            executor.set_version(version)
+    def save_checkpoint(self, step: int) -> Path:
+        """Write the checkpoint of ``step``: the policy, the trainer's and the executor's state
+        and the job's totals (the newest ``run.keep_checkpoints`` are kept)."""
+        import torch
 
-        trainer.publish(publish)
-        # a run started again from the beginning cuts its records back to nothing
-        resume_step = resume.step if resume is not None else (0 if restart else None)
-        logger = RunLogger(
-            run_dir,
-            tensorboard=cfg.run.tensorboard,
-            resume=resume_step is not None,
-            resume_step=resume_step,
+        from stalebound.train.checkpoint import write_checkpoint
+
+        executor, trainer, progress = self.executor, self.trainer, self.progress
+        rollout_state = executor.state_dict()  # first: the executor keeps running meanwhile
+        self.backend.gather(self.model, trainer)
+        self._take_policy_counts()
+        progress.wall = time.monotonic() - self._start
+        trainer_state = {
+            "optimizer": trainer.optimizer.state_dict(),
+            "version": trainer.version,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+        }
+        job_state = {
+            "progress": dataclasses.asdict(progress),
+            "eval_before": self.eval_before,
+            "warm_start_s": self.warm_start_s,
+            "settings": _resume_settings(self.cfg),
+        }
+
+        def save_model(directory: Path) -> None:
+            self.model.save_pretrained(directory)
+            self.tokenizer.save_pretrained(directory)
+
+        path = write_checkpoint(
+            self.run_dir,
+            step,
+            trainer.version,
+            save_model=save_model,
+            trainer_state=trainer_state,
+            rollout_state=rollout_state,
+            job_state=job_state,
+            keep=self.cfg.run.keep_checkpoints,
         )
-        on_failure.append(("the metrics", logger.close))
-        ledger = ItemLedger(run_dir, resume_step=resume_step)
-        closers.append(("the item ledger", ledger.close))
-        if recorder is not None:
-            closers.append(("the episode trace", recorder.close))
-        view = LiveView(console, staleness=cfg.rollout.staleness, live=cfg.run.live)
-        eta = cfg.rollout.staleness
-        stop_sampling = threading.Event()
+        assert self.where is not None
+        self.where.checkpoint = path
+        return path
 
+    def _take_policy_counts(self) -> None:
+        """The staleness of what was trained, as the policy counted it (its counts are part of
+        the executor's state, so they continue across resumes)."""
+        policy = self.executor.statistics().policy
+        self.progress.violations = policy.violations
+        self.progress.max_stale = max(policy.staleness_histogram, default=0)
+
+    # -- training ------------------------------------------------------------------------------
+
+    def train(self) -> TrainResult:
+        """Train up to ``run.steps`` (checkpointing as ``run.checkpoint_*`` say), then evaluate
+        and write the summary. A first SIGTERM/SIGINT stops after the current step with a
+        checkpoint (:class:`TrainingInterrupted`)."""
+        cfg = self.cfg
+        with self._failures():
+            self._steps()
+            self._failing = False
+        self._release()
+        assert self.where is not None
+        if self._signum is not None:
+            self.logger.close()
+            self.backend.close_trainer(self.trainer)
+            raise TrainingInterrupted(
+                self._signum, self.progress.step, self.run_dir, self.where.checkpoint
+            )
+        return self._finish(time.monotonic() - self._start, cfg.rollout.staleness)
+
+    def _steps(self) -> None:
+        cfg, progress, executor, engine = self.cfg, self.progress, self.executor, self.engine
+        stop, where, logger, view = self._stop, self.where, self.logger, self.view
+        assert stop is not None and where is not None
         # The executor's counters and buffers are sampled here, off the trainer's path: each read
         # is a hop onto the executor's busy loop, which would otherwise delay every step.
-        sampled: list[Any] = [executor.statistics(), []]
-
-        def sample_buffers() -> None:
-            while not stop_sampling.wait(0.25):
-                try:
-                    version, rows = executor.inspect_policy(_head_rows)
-                    sampled[:] = [executor.statistics(), rows]
-                except StaleboundError:  # the executor stopped or is shutting down
-                    return
-                if rows:
-                    try:
-                        logger.log_buffers(None, version, rows)
-                    except OSError as exc:  # the disk is full: the trainer's next write says so
-                        _log.warning("buffer samples stopped: %s", exc)
-                        return
-                    view.update_buffers(rows, version=version)
-
-        def checkpoint(step: int) -> Path:
-            rollout_state = executor.state_dict()  # first: the executor keeps running meanwhile
-            if cfg.backend == "ray":  # the ranks hold the trained weights
-                model.load_state_dict(dict(trainer.state_dict_for_engines()))
-            progress.wall = time.monotonic() - start
-            trainer_state = {
-                "optimizer": trainer.optimizer.state_dict(),
-                "version": trainer.version,
-                "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-            }
-            job_state = {
-                "progress": dataclasses.asdict(progress),
-                "eval_before": eval_before,
-                "warm_start_s": warm_start_s,
-                "settings": _resume_settings(cfg),
-            }
-
-            def save_model(directory: Path) -> None:
-                model.save_pretrained(directory)
-                tokenizer.save_pretrained(directory)
-
-            path = write_checkpoint(
-                run_dir,
-                step,
-                trainer.version,
-                save_model=save_model,
-                trainer_state=trainer_state,
-                rollout_state=rollout_state,
-                job_state=job_state,
-                keep=cfg.run.keep_checkpoints,
-            )
-            where.checkpoint = path
-            return path
-
+        self._sampled = [executor.statistics(), []]
         every_steps, every_s = cfg.run.checkpoint_every_steps, cfg.run.checkpoint_every_s
-        sampler = threading.Thread(target=sample_buffers, name="stalebound-buffers", daemon=True)
-        start = time.monotonic() - progress.wall
-        if cfg.run.checkpoint and resume is None:
+        sampler = threading.Thread(
+            target=self._sample_buffers, name="stalebound-buffers", daemon=True
+        )
+        self._start = time.monotonic() - progress.wall
+        if cfg.run.checkpoint and self.resume is None:
             # step 0: a run killed before its first periodic checkpoint resumes from here, warm
             # start included, instead of starting again
-            checkpoint(0)
+            self.save_checkpoint(0)
         engine.reset()
-        start = time.monotonic() - progress.wall
+        self._start = start = time.monotonic() - progress.wall
         last_checkpoint = time.monotonic()
         checkpoint_s = 0.0
         if progress.step >= cfg.run.steps:
-            console.print(
+            self.console.print(
                 f"the run is already at step {progress.step} (run.steps={cfg.run.steps}): nothing "
                 "to train; give a larger run.steps to train further"
             )
-        stopping[:0] = [stop_sampling.set, view.stop]
+        self._stopping[:0] = [self._stop_sampling.set, view.stop]
         view.start()
         sampler.start()
         for step in range(progress.step + 1, cfg.run.steps + 1):
             if stop.requested():  # it came before this step began
                 break
             t0 = time.monotonic()
-            batch = executor.prepare_batch(order, workflow)
+            batch = executor.prepare_batch(self.order, self.workflow)
             progress.waited += time.monotonic() - t0
             groups: dict[int, list[Any]] = {}
             staleness: list[int] = []
@@ -903,13 +930,11 @@ def _train(
                 groups.setdefault(t.group_id, []).append(traj)
                 staleness.append(t.staleness)
             t1 = time.monotonic()
-            stats = trainer.step(list(groups.values()), batch_version=consumed_version)
+            stats = self.trainer.step(list(groups.values()), batch_version=consumed_version)
             t2 = time.monotonic()
             progress.step = step
             progress.trained += len(batch)
-            progress.max_stale = max(progress.max_stale, *staleness)
-            progress.violations += sum(1 for s in staleness if s > eta)
-            ledger.record(step, (t.sample_index for t in batch), executor.drain_outcomes())
+            self.ledger.record(step, (t.sample_index for t in batch), executor.drain_outcomes())
             elapsed = time.monotonic() - start
             metrics = {k: v for k, v in stats.as_dict().items() if k not in ("version", "step")}
             rewards = progress.rewards
@@ -918,7 +943,7 @@ def _train(
             reached = sum(recent) / len(recent) >= cfg.run.target_reward
             if progress.time_to_target is None and reached:
                 progress.time_to_target = elapsed
-            es, rows = sampled  # at most 0.25 s old
+            es, rows = self._sampled  # at most 0.25 s old
             metrics.update(
                 trajectories_per_s=progress.trained / elapsed,
                 trainer_idle_fraction=progress.waited / elapsed,
@@ -926,23 +951,11 @@ def _train(
                 step_and_publish_s=t2 - t1,
                 checkpoint_s=checkpoint_s,
                 engine_idle_fraction=engine.idle_fraction(),
-                # typed fields, not getattr: a misspelt counter must fail the type check,
-                # not log a silent zero
-                filtered_groups=float(es.filtered_groups),
-                failed_groups=float(es.failed_groups),
-                failed_members=float(sum(es.member_failures.values())),
-                timed_out_members=float(es.member_failures.get("timeout", 0)),
-                retried_groups=float(es.retried_groups),
-                truncated_groups=float(es.truncated_groups),
-                dropped_groups=float(es.dropped_groups),
-                surplus_groups=float(es.surplus_groups),
-                resumed_groups=float(es.resumed_groups),
-                aborted_tokens=float(sum(es.aborted_tokens.values())),
-                stuck_seconds=es.stuck_seconds,
+                **executor_metrics(es),
             )
-            logger.log_step(metrics, version=trainer.version, staleness=staleness)
+            logger.log_step(metrics, version=self.trainer.version, staleness=staleness)
             where.step = step
-            view.update_step(step, trainer.version, metrics, rows=rows or None)
+            view.update_step(step, self.trainer.version, metrics, rows=rows or None)
             checkpoint_s = 0.0
             due = (
                 step == cfg.run.steps
@@ -952,92 +965,159 @@ def _train(
             )
             if cfg.run.checkpoint and due:
                 t3 = time.monotonic()
-                written = checkpoint(step)
+                written = self.save_checkpoint(step)
                 last_checkpoint = time.monotonic()
                 checkpoint_s = last_checkpoint - t3
                 _log.info("checkpoint %s in %.2fs", written, checkpoint_s)
             if stop.requested():
                 break
             _log.debug("step %d bookkeeping %.3fs", step, time.monotonic() - t2)
-        failing = False
-    except OSError as exc:  # the run directory's disk: full, gone read-only, ...
-        file = f": {exc.filename}" if exc.filename else ""
-        what = (
-            f"the disk of the run directory {run_dir} is full ({exc.strerror}{file})"
-            if exc.errno == errno.ENOSPC
-            else f"writing to the run directory {run_dir} failed ({exc.strerror or exc}{file})"
+        self._take_policy_counts()
+
+    def _sample_buffers(self) -> None:
+        executor, logger, view = self.executor, self.logger, self.view
+        while not self._stop_sampling.wait(0.25):
+            try:
+                version, rows = executor.inspect_policy(_head_rows)
+                self._sampled = [executor.statistics(), rows]
+            except StaleboundError:  # the executor stopped or is shutting down
+                return
+            if rows:
+                try:
+                    logger.log_buffers(None, version, rows)
+                except OSError as exc:  # the disk is full: the trainer's next write says so
+                    _log.warning("buffer samples stopped: %s", exc)
+                    return
+                view.update_buffers(rows, version=version)
+
+    def _finish(self, wall: float, eta: int) -> TrainResult:
+        """The final evaluation, plots and summary, once the engines are stopped."""
+        from stalebound.obs.live import summary_table
+        from stalebound.train.checkpoint import atomic_write_text
+        from stalebound.train.rollout import evaluate
+
+        progress, run_dir = self.progress, self.run_dir
+        self.backend.gather(self.model, self.trainer)  # the policy trained, here to evaluate
+        self.backend.close_trainer(self.trainer)
+        eval_after = evaluate(self.model, self.tokenizer, self.task, self.eval_set)["acc"]
+        self.logger.close()
+        if self.cfg.run.plots:
+            from stalebound.obs.plots import plot_run
+
+            plot_run(run_dir)
+        self.console.print(summary_table(self.logger.summary()))
+        rewards = progress.rewards
+        first, last = rewards[:5], rewards[-5:]
+        result = TrainResult(
+            run_dir=str(run_dir),
+            steps=len(rewards),
+            staleness=eta,
+            policy=self.cfg.rollout.staleness_policy,
+            eval_before=self.eval_before,
+            eval_after=eval_after,
+            reward_first=sum(first) / max(1, len(first)),
+            reward_last=sum(last) / max(1, len(last)),
+            max_staleness=progress.max_stale,
+            violations=progress.violations,
+            wall_s=wall,
+            trajectories_per_s=progress.trained / wall,
+            trainer_idle_fraction=progress.waited / wall,
+            engine_idle_fraction=self.engine.idle_fraction(),
+            time_to_target_s=progress.time_to_target,
+            warm_start_s=self.warm_start_s,
         )
-        raise RunDirectoryError(
-            f"{what}; the run stopped after step {where.step}. Free space there, then "
-            + where.hint()
-        ) from exc
-    except CheckpointWriteError as exc:
-        raise TrainingFailed(
-            f"{exc}; the run stopped after step {where.step}. Free space there, then "
-            + where.hint()
-        ) from exc
-    except CheckpointError:  # the checkpoint resumed from: the message says what to use instead
-        raise
-    except StaleboundError as exc:  # the engines, the executor
-        cause = _engine_death(local_engines) or str(exc)
-        raise TrainingFailed(
-            f"{cause}\nThe run stopped after step {where.step}; {where.hint()}"
-        ) from exc
-    finally:
+        summary = json.dumps(dataclasses.asdict(result), indent=2)
+        atomic_write_text(run_dir / "summary.json", summary)
+        self.console.print(
+            f"[bold]reward {result.reward_first:.3f} → {result.reward_last:.3f}[/], greedy "
+            f"accuracy {self.eval_before:.3f} → {eval_after:.3f}; max staleness "
+            f"{progress.max_stale} (η = {eta}), {progress.violations} violations; "
+            f"{result.trajectories_per_s:.0f} trajectories/s; run directory {run_dir}"
+        )
+        return result
+
+    # -- failures and cleanup ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _failures(self) -> Iterator[None]:
+        """Turn what stops a run into the job's errors, each naming how to continue."""
+        from stalebound.train.checkpoint import CheckpointError, CheckpointWriteError
+
+        where = self.where
+        assert where is not None
+        run_dir = where.run_dir
+        try:
+            with self._interruptions():
+                yield
+        except OSError as exc:  # the run directory's disk: full, gone read-only, ...
+            file = f": {exc.filename}" if exc.filename else ""
+            what = (
+                f"the disk of the run directory {run_dir} is full ({exc.strerror}{file})"
+                if exc.errno == errno.ENOSPC
+                else f"writing to the run directory {run_dir} failed ({exc.strerror or exc}{file})"
+            )
+            raise RunDirectoryError(
+                f"{what}; the run stopped after step {where.step}. Free space there, then "
+                + where.hint()
+            ) from exc
+        except CheckpointWriteError as exc:
+            raise TrainingFailed(
+                f"{exc}; the run stopped after step {where.step}. Free space there, then "
+                + where.hint()
+            ) from exc
+        except CheckpointError:  # the checkpoint resumed from: the message says what to use
+            raise
+        except StaleboundError as exc:  # the engines, the executor
+            local = self._engines.local if self._engines is not None else []
+            cause = _engine_death(local) or str(exc)
+            raise TrainingFailed(
+                f"{cause}\nThe run stopped after step {where.step}; {where.hint()}"
+            ) from exc
+
+    @contextlib.contextmanager
+    def _interruptions(self) -> Iterator[None]:
+        """A second signal (or one before the job could listen) stops the run at once."""
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            where = self.where
+            assert where is not None
+            signum = exc.signum if isinstance(exc, _StopNow) else signal.SIGINT
+            raise TrainingInterrupted(
+                signum, where.step, where.run_dir, where.checkpoint, at_once=True
+            ) from None
+
+    def _release(self) -> None:
+        """Stop the sampler, the view, the executor and the engines; close the files (and, when
+        the run failed, the metrics and the trainer). Each runs once."""
+        stopping, self._stopping = self._stopping, []
+        closers, self._closers = self._closers, []
+        on_failure = self._on_failure if self._failing else []
+        if self._failing:
+            self._on_failure = []
         try:
             for halt in stopping:
                 halt()
-            for what_closes, close in closers + (on_failure if failing else []):
+            for what_closes, close in closers + on_failure:
                 try:
                     close()
                 except OSError as exc:  # a full disk already reported; the checkpoint counts
-                    if not failing:
+                    if not self._failing:
                         raise
                     _log.debug("closing %s: %s", what_closes, exc)
         finally:
-            stop.__exit__(None, None, None)
-    if stop.signum is not None:
-        logger.close()
-        if cfg.backend == "ray":
-            trainer.close()
-        raise TrainingInterrupted(stop.signum, progress.step, run_dir, where.checkpoint)
-    wall = time.monotonic() - start
-    if cfg.backend == "ray":
-        # the ranks trained the policy: bring it here for the evaluation
-        model.load_state_dict(dict(trainer.state_dict_for_engines()))
-        trainer.close()
-    eval_after = evaluate(model, tokenizer, task, eval_set)["acc"]
-    logger.close()
-    if cfg.run.plots:
-        from stalebound.obs.plots import plot_run
+            if self._stop is not None:
+                self._stop.__exit__(None, None, None)
+                self._signum = self._stop.signum
+                self._stop = None
 
-        plot_run(run_dir)
-    console.print(summary_table(logger.summary()))
-    rewards = progress.rewards
-    first, last = rewards[:5], rewards[-5:]
-    result = TrainResult(
-        run_dir=str(run_dir),
-        steps=len(rewards),
-        staleness=eta,
-        policy=cfg.rollout.staleness_policy,
-        eval_before=eval_before,
-        eval_after=eval_after,
-        reward_first=sum(first) / max(1, len(first)),
-        reward_last=sum(last) / max(1, len(last)),
-        max_staleness=progress.max_stale,
-        violations=progress.violations,
-        wall_s=wall,
-        trajectories_per_s=progress.trained / wall,
-        trainer_idle_fraction=progress.waited / wall,
-        engine_idle_fraction=engine.idle_fraction(),
-        time_to_target_s=progress.time_to_target,
-        warm_start_s=warm_start_s,
-    )
-    atomic_write_text(run_dir / "summary.json", json.dumps(dataclasses.asdict(result), indent=2))
-    console.print(
-        f"[bold]reward {result.reward_first:.3f} → {result.reward_last:.3f}[/], greedy accuracy "
-        f"{eval_before:.3f} → {eval_after:.3f}; max staleness {progress.max_stale} (η = {eta}), "
-        f"{progress.violations} violations; {result.trajectories_per_s:.0f} trajectories/s; "
-        f"run directory {run_dir}"
-    )
-    return result
+    def cleanup(self) -> None:
+        """Release everything :meth:`setup` took, the run directory's lock last."""
+        try:
+            if self.where is not None:
+                with self._interruptions():
+                    self._release()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
