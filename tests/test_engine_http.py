@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("httpx")
 
-import stalebound.engines.vllm as vllm_module
+import stalebound.engines.http as http_module
 from stalebound.core.errors import ConfigError, ProtocolError
 from stalebound.engines import GenerateRequest, InferenceEngine, Router, SamplingParams
 from stalebound.engines.protocol import EngineClosedError
@@ -338,7 +338,7 @@ def test_update_statistics_keep_only_the_recent_stalls(
     fake: tuple[FakeSGLang, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, url = fake
-    monkeypatch.setattr(vllm_module, "_UPDATES_KEPT", 4)  # 256 in use; 4 keeps the test short
+    monkeypatch.setattr(http_module, "_UPDATES_KEPT", 4)  # 256 in use; 4 keeps the test short
 
     async def main() -> None:
         engine = SGLangEngine(url)
