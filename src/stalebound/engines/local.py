@@ -57,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import itertools
 import logging
 import multiprocessing
@@ -65,7 +66,7 @@ import queue
 import signal
 import threading
 import zlib
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
@@ -112,6 +113,22 @@ class EngineStatistics:
     """The generation stall of each recent weight update, in milliseconds (oldest first)."""
     weight_updates_on_device: int = 0
     """Weight updates handed over GPU to GPU (CUDA IPC), without a copy through the CPU."""
+
+
+@dataclass(slots=True)
+class _Counts:
+    """The engine's running counters, named as :class:`EngineStatistics` reports them."""
+
+    submitted: int = 0
+    finished_stop: int = 0
+    finished_length: int = 0
+    aborted: int = 0
+    migrated_out: int = 0
+    migrated_in: int = 0
+    resubmits: int = 0
+    output_tokens: int = 0
+    weight_updates: int = 0
+    weight_updates_on_device: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +252,7 @@ class LocalEngine:
         self._tokens = itertools.count()
         self._closed: str | None = None
         self._death: str | None = None
-        self._counts: Counter[str] = Counter()
+        self._counts = _Counts()
         self._pauses: deque[float] = deque(maxlen=_PAUSES_KEPT)
         self._ready: concurrent.futures.Future[_WorkerInfo] = concurrent.futures.Future()
 
@@ -361,7 +378,8 @@ class LocalEngine:
             return None
         response: GenerateResponse | None = await self._call("abort", request_id)
         if response is not None:
-            self._count("aborted")
+            with self._state_lock:
+                self._counts.aborted += 1
         return response
 
     async def pause(self) -> None:
@@ -420,8 +438,8 @@ class LocalEngine:
         with self._state_lock:
             self._version = max(self._version, version)
             self._pauses.append(stall_s * 1000.0)
-            self._counts["weight_updates"] += 1
-            self._counts["weight_updates_on_device"] += isinstance(payload, dict)
+            self._counts.weight_updates += 1
+            self._counts.weight_updates_on_device += isinstance(payload, dict)
 
     def get_version(self) -> int:
         """The version of the weights installed in the worker (as of the last acknowledged update)."""
@@ -437,7 +455,8 @@ class LocalEngine:
             return None
         continuation: Continuation | None = await self._call("export", request_id)
         if continuation is not None:
-            self._count("migrated_out")
+            with self._state_lock:
+                self._counts.migrated_out += 1
         return continuation
 
     async def acontinue(self, continuation: Continuation) -> GenerateResponse:
@@ -467,21 +486,11 @@ class LocalEngine:
     def statistics(self) -> EngineStatistics:
         """A frozen snapshot of the counters."""
         with self._state_lock:
-            c = self._counts
             return EngineStatistics(
                 version=self._version,
                 in_flight=len(self._pending),
-                submitted=c["submitted"],
-                finished_stop=c["stop"],
-                finished_length=c["length"],
-                aborted=c["aborted"],
-                migrated_out=c["migrated_out"],
-                migrated_in=c["migrated_in"],
-                resubmits=c["resubmits"],
-                output_tokens=c["output_tokens"],
-                weight_updates=c["weight_updates"],
                 pause_ms=tuple(self._pauses),
-                weight_updates_on_device=c["weight_updates_on_device"],
+                **dataclasses.asdict(self._counts),
             )
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -489,10 +498,6 @@ class LocalEngine:
     def _check_open(self) -> None:
         if self._closed is not None:
             raise EngineClosedError(f"{self._closed}; create a new LocalEngine to continue")
-
-    def _count(self, key: str, amount: int = 1) -> None:
-        with self._state_lock:
-            self._counts[key] += amount
 
     async def _info(self) -> _WorkerInfo:
         self._check_open()
@@ -527,7 +532,10 @@ class LocalEngine:
                     f"{self.name!r}; request ids must be unique among in-flight requests"
                 )
             self._pending[request.request_id] = future
-            self._counts["migrated_in" if migrated else "submitted"] += 1
+            if migrated:
+                self._counts.migrated_in += 1
+            else:
+                self._counts.submitted += 1
         self._outbox.put(("submit", continuation, seed))
         try:
             return await asyncio.wrap_future(future)
@@ -642,10 +650,11 @@ class LocalEngine:
     def _on_done(self, response: GenerateResponse) -> None:
         with self._state_lock:
             future = self._pending.pop(response.request_id, None)
-            if response.finish_reason != "abort":
-                self._counts[response.finish_reason] += 1
-            self._counts["output_tokens"] += response.num_output_tokens
-            self._counts["resubmits"] += response.resubmits
+            c = self._counts
+            c.finished_stop += response.finish_reason == "stop"
+            c.finished_length += response.finish_reason == "length"
+            c.output_tokens += response.num_output_tokens
+            c.resubmits += response.resubmits
         if future is not None:
             _resolve(future, response)
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -99,7 +98,8 @@ class Router:
         self._queued: dict[str, _Waiter] = {}
         self._moves: dict[str, asyncio.Future[tuple[int, Continuation] | None]] = {}
         self._arrivals = itertools.count()
-        self._counts: Counter[str] = Counter()
+        self._aborted_queued = 0
+        self._migrations = 0
 
     # -- placement ----------------------------------------------------------------------------
 
@@ -198,7 +198,7 @@ class Router:
         waiter = self._queued.pop(request_id, None)
         if waiter is not None:
             waiter.slot.set_exception(_AbortedWhileQueued())
-            self._counts["aborted_queued"] += 1
+            self._aborted_queued += 1
             return waiter.partial
         index = self._where.get(request_id)
         if index is None:
@@ -270,7 +270,7 @@ class Router:
             self._moves.pop(request_id, None)
             move.set_result(None)
             return False
-        self._counts["migrations"] += 1
+        self._migrations += 1
         move.set_result((target, continuation))
         return True
 
@@ -280,8 +280,8 @@ class Router:
             in_flight=tuple(self._load),
             queued=len(self._queued),
             routed=tuple(self._routed),
-            aborted_queued=self._counts["aborted_queued"],
-            migrations=self._counts["migrations"],
+            aborted_queued=self._aborted_queued,
+            migrations=self._migrations,
         )
 
 

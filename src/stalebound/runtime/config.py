@@ -5,16 +5,17 @@ task and no trainer; :mod:`stalebound.config` composes it into the whole tree.
 
 The staleness bound is one setting, :attr:`RolloutConfig.staleness`. The spellings users bring from
 AReaL and PSRL are accepted at the config edge only, and the names are kept in one place:
-:data:`STALENESS_ALIASES` (YAML keys, overrides and flags) and AReaL's keyword
-:data:`AREAL_STALENESS_NAME` on this class.
+:data:`STALENESS_ALIASES` (YAML keys, overrides and flags) and AReaL's keyword and
+attribute :data:`AREAL_STALENESS_NAME` on this class.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 from stalebound.core.errors import ConfigError
 from stalebound.typedconfig import Invalid, bounds, null_means
@@ -30,9 +31,9 @@ __all__ = [
 
 AREAL_STALENESS_NAME = "max_head_offpolicyness"
 """AReaL's name of the staleness bound. Today it means exactly :attr:`RolloutConfig.staleness`;
-this constant and :data:`STALENESS_ALIASES` are the only places that say so, so giving it a
-meaning of its own (a soft admission target below the hard bound) changes these two lines and
-adds a field."""
+this constant, :data:`STALENESS_ALIASES`, and the keyword and property of the same name on
+:class:`RolloutConfig` are the only places that say so, so giving it a meaning of its own (a soft
+admission target below the hard bound) turns them into a field of its own."""
 
 STALENESS_ALIASES: Mapping[str, str] = MappingProxyType(
     {
@@ -42,8 +43,6 @@ STALENESS_ALIASES: Mapping[str, str] = MappingProxyType(
     }
 )
 """Every spelling of the staleness bound a config may use, mapped to its one key."""
-
-_DEFAULT_STALENESS = 2
 
 
 @dataclass
@@ -94,9 +93,7 @@ class RolloutConfig:
     staleness_policy: Literal["buffer", "capacity"] = "buffer"
     """``buffer``: PSRL's per-trajectory staleness buffer. ``capacity``: AReaL's count-based
     admission (bounds staleness in aggregate only)."""
-    staleness: int = field(
-        default=_DEFAULT_STALENESS, metadata=bounds(ge=0, fix="use 0 for synchronous training")
-    )
+    staleness: int = field(default=2, metadata=bounds(ge=0, fix="use 0 for synchronous training"))
     """η, the staleness bound: a trajectory generated at version V is trained at V + η at the latest.
     0 is synchronous training. Also spelt ``rollout.max_head_offpolicyness`` (AReaL),
     ``psrl.staleness`` (PSRL) and ``--max-head-offpolicyness``."""
@@ -156,20 +153,10 @@ class RolloutConfig:
     """While groups are running, log one line per buffer (occupied / reserved / empty, state) at
     most this often; ``None`` disables it."""
 
-    max_head_offpolicyness: InitVar[int | None] = None
-    """AReaL's keyword for :attr:`staleness` (``RolloutConfig(max_head_offpolicyness=4)``); read
-    back as an attribute too. Not a field of its own: see :data:`AREAL_STALENESS_NAME`."""
-
-    def __post_init__(self, max_head_offpolicyness: int | None) -> None:
-        if max_head_offpolicyness is None:
-            return
-        if self.staleness != _DEFAULT_STALENESS and self.staleness != max_head_offpolicyness:
-            raise ConfigError(
-                f"max_head_offpolicyness={max_head_offpolicyness!r}: conflicts with "
-                f"staleness={self.staleness!r} (both set the staleness bound); keep only one of "
-                "them"
-            )
-        self.staleness = max_head_offpolicyness
+    @property
+    def max_head_offpolicyness(self) -> int:
+        """AReaL's name of :attr:`staleness`, read back (see :data:`AREAL_STALENESS_NAME`)."""
+        return self.staleness
 
     def _validate(self) -> Iterator[Invalid]:
         # the redundant sizes (B′, N′) are at least what they add redundancy to (B, N)
@@ -194,10 +181,26 @@ class RolloutConfig:
             )
 
 
-def _read_staleness(self: RolloutConfig) -> int:
-    return self.staleness
+def _accept_areal_keyword(cls: type[RolloutConfig]) -> None:
+    """``RolloutConfig(max_head_offpolicyness=4)`` sets :attr:`~RolloutConfig.staleness`, as
+    AReaL's ``InferenceEngineConfig`` keyword does (a wrapper, not a field, so that
+    ``dataclasses.replace`` and the config tree see one setting)."""
+    generated = cls.__init__
+
+    @functools.wraps(generated)
+    def __init__(self: RolloutConfig, *args: Any, **kwargs: Any) -> None:
+        if AREAL_STALENESS_NAME in kwargs:
+            value = kwargs.pop(AREAL_STALENESS_NAME)
+            if kwargs.get("staleness", value) != value:
+                raise ConfigError(
+                    f"{AREAL_STALENESS_NAME}={value!r}: conflicts with "
+                    f"staleness={kwargs['staleness']!r} (both set the staleness bound); keep "
+                    "only one of them"
+                )
+            kwargs["staleness"] = value
+        generated(self, *args, **kwargs)
+
+    setattr(cls, "__init__", __init__)  # noqa: B010 (a method assignment the checker refuses)
 
 
-# AReaL's attribute reads back the bound (code that takes AReaL's config reads it by that name);
-# set after the class so the dataclass keeps the keyword as an init-only variable.
-setattr(RolloutConfig, AREAL_STALENESS_NAME, property(_read_staleness))
+_accept_areal_keyword(RolloutConfig)
