@@ -860,3 +860,32 @@ def test_a_config_file_that_is_not_utf8_names_its_first_bad_byte(tmp_path: Path)
         problem
         == f"config={binary}: not UTF-8 text (byte 8 is 0xff; a binary file?); check the path"
     )
+
+
+def test_areal_keyword_and_attribute_of_the_bound_are_one_setting() -> None:
+    import dataclasses
+
+    from stalebound.runtime.config import RolloutConfig
+
+    config = RolloutConfig(max_head_offpolicyness=5, group_size=2)
+    assert (config.staleness, config.max_head_offpolicyness) == (5, 5)
+    assert [f.name for f in dataclasses.fields(config)].count("staleness") == 1
+    assert "max_head_offpolicyness" not in [f.name for f in dataclasses.fields(config)]
+    assert dataclasses.replace(config, staleness=0).staleness == 0  # not re-set through AReaL's
+    assert RolloutConfig(staleness=3, max_head_offpolicyness=3).staleness == 3
+    with pytest.raises(ConfigError) as info:
+        RolloutConfig(staleness=1, max_head_offpolicyness=3)
+    assert info.value.problems == (
+        "max_head_offpolicyness=3: conflicts with staleness=1 (both set the staleness bound); "
+        "keep only one of them",
+    )
+
+
+def test_the_config_module_still_exports_the_rollout_section() -> None:
+    from stalebound import config
+    from stalebound.runtime import config as runtime_config
+
+    assert config.RolloutConfig is runtime_config.RolloutConfig
+    assert config.ProactiveFilterConfig is runtime_config.ProactiveFilterConfig
+    for alias in runtime_config.STALENESS_ALIASES:
+        assert config.ALIASES[alias] == "rollout.staleness"

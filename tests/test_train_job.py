@@ -91,6 +91,27 @@ def test_bad_settings_fail_before_anything_starts(capsys: pytest.CaptureFixture[
     assert "train.lr=0.0: must be a finite number > 0 (1e-3 suits the tiny model)" in err
 
 
+def test_resuming_a_directory_that_holds_no_run_is_one_error_from_the_cli_and_the_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stalebound.core import ConfigError
+    from stalebound.train.job import run_training
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    why = (
+        f"resume='{empty}': neither a checkpoint nor the directory of a run "
+        f"({empty / 'config.yaml'} does not exist); give the directory of a run written by "
+        "stalebound train, or one of its checkpoints"
+    )
+    assert main(["train", f"resume={empty}", "run.live=false"]) == 2
+    assert capsys.readouterr().err.strip() == f"stalebound train: {why}"
+    with pytest.raises(ConfigError) as info:
+        run_training(load_config(overrides=[f"resume={empty}"]))
+    assert str(info.value) == why
+    assert list(empty.iterdir()) == []
+
+
 def test_bad_task_settings_fail_before_the_run_directory_is_made(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

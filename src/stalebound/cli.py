@@ -56,26 +56,10 @@ def _train(argv: Sequence[str]) -> int:
         cfg = load_config([TRAIN_RECIPE, *paths], overrides)
         if cfg.run.resume:
             # the run's own settings first; what this command line says still applies on top
-            from stalebound.train.checkpoint import run_dir_of
-            from stalebound.userfiles import label, readable_problem
+            from stalebound.train.checkpoint import run_config_of
 
-            problem = readable_problem(
-                cfg.run.resume,
-                label("resume", cfg.run.resume),
-                fix="give the directory of a run written by stalebound train",
-            )
-            if problem:
-                raise ConfigError(problem)
-            run_dir = run_dir_of(cfg.run.resume)
-            saved = run_dir / "config.yaml"
-            if not saved.is_file():
-                print(
-                    f"stalebound train: resume={cfg.run.resume!r}: {saved} does not exist; give "
-                    "the directory of a run written by stalebound train",
-                    file=sys.stderr,
-                )
-                return 2
-            cfg = load_config([saved, *paths], [*overrides, f"run.run_dir={run_dir}"])
+            saved = run_config_of(cfg.run.resume)
+            cfg = load_config([saved, *paths], [*overrides, f"run.run_dir={saved.parent}"])
     except StaleboundError as e:
         print(f"stalebound train: {e}", file=sys.stderr)
         return 2

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stalebound.core import StaleboundError
+from stalebound.core import ConfigError, StaleboundError
 from stalebound.train import statejson
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "checkpoint_dirs",
     "find_checkpoint",
     "open_checkpoint",
+    "run_config_of",
     "run_dir_of",
     "write_checkpoint",
 ]
@@ -321,6 +322,24 @@ def run_dir_of(path: str | Path) -> Path:
     if p.name == CHECKPOINTS:
         return p.parent
     return p
+
+
+def run_config_of(resume: str) -> Path:
+    """The ``config.yaml`` of the run ``resume=`` names (a run directory or one of its
+    checkpoints); one ConfigError when there is none to read."""
+    from stalebound.userfiles import label, readable_problem
+
+    fix = "give the directory of a run written by stalebound train, or one of its checkpoints"
+    problem = readable_problem(resume, label("resume", resume), fix=fix)
+    if problem:
+        raise ConfigError(problem)
+    saved = run_dir_of(resume) / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(
+            f"resume={resume!r}: neither a checkpoint nor the directory of a run ({saved} does "
+            f"not exist); {fix}"
+        )
+    return saved
 
 
 def _problem(where: Path) -> tuple[str, dict[str, Any] | None]:

@@ -571,7 +571,7 @@ class TrainRecipe:
         from stalebound.engines.models import checkpoint_info, load_tokenizer
         from stalebound.tasks import make_task
         from stalebound.tasks.workflow import context_problems
-        from stalebound.train.checkpoint import find_checkpoint, run_dir_of
+        from stalebound.train.checkpoint import find_checkpoint, run_config_of, run_dir_of
         from stalebound.userfiles import check_run_paths
 
         cfg = self.cfg
@@ -581,12 +581,7 @@ class TrainRecipe:
         self.restart = bool(cfg.run.resume) and resume is None
         self.saved = _SavedJob.read(resume) if resume is not None else None
         if self.restart:
-            gone = run_dir_of(cfg.run.resume or "")
-            if not (gone / "config.yaml").is_file():
-                raise ConfigError(
-                    f"resume={cfg.run.resume!r}: neither a checkpoint nor the directory of a run; "
-                    "give a run directory written by stalebound train, or one of its checkpoints"
-                )
+            gone = run_config_of(cfg.run.resume or "").parent
             if (gone / "summary.json").is_file():  # starting it again would throw results away
                 raise ConfigError(
                     f"resume={cfg.run.resume!r}: the run finished without a checkpoint "
