@@ -1,0 +1,698 @@
+"""The main job as a recipe (the shape of torchtune's recipes): :class:`TrainRecipe`.
+
+Its methods read top to bottom — ``setup``, ``load_checkpoint``, ``train`` (which calls
+``save_checkpoint``), ``cleanup`` — and :func:`~stalebound.train.job.run_training` runs them in
+that order. Where the engines and the trainer run is chosen by the factories of
+:mod:`stalebound.train.backends`; the pieces the recipe is made of (the episode workflow, the
+busy meter, the saved job state, the errors) are in :mod:`stalebound.train.job`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from stalebound.config import StaleboundConfig, dump_yaml
+from stalebound.core import ConfigError, StaleboundError
+from stalebound.engines.protocol import SamplingParams
+from stalebound.runtime.config import STALENESS_ALIASES
+from stalebound.train.backends import EngineSet, make_backend, make_engines
+from stalebound.train.job import (
+    BusyMeter,
+    EngineEpisode,
+    RunDirectoryError,
+    TrainingFailed,
+    TrainingInterrupted,
+    TrainResult,
+    _base_model_dir,
+    _clear_unfinished_start,
+    _default_run_dir,
+    _engine_death,
+    _head_rows,
+    _Progress,
+    _resume_settings,
+    _SavedJob,
+    _StopNow,
+    _StopRequest,
+    _Where,
+    executor_metrics,
+)
+
+__all__ = ["TrainRecipe"]
+
+_log = logging.getLogger(__name__)
+
+
+def _refuse_a_held_run_dir(run_dir: Path) -> None:
+    from stalebound.train.checkpoint import CHECKPOINTS, checkpoint_dirs
+
+    held = [n for n in ("metrics.jsonl", "ledger.jsonl", CHECKPOINTS) if (run_dir / n).exists()]
+    if not held:
+        return
+    if checkpoint_dirs(run_dir / CHECKPOINTS):
+        raise ConfigError(
+            f"run.run_dir={str(run_dir)!r}: already holds a run ({', '.join(held)}); continue "
+            f"it with resume={run_dir}, or choose a new directory"
+        )
+    raise ConfigError(
+        f"run.run_dir={str(run_dir)!r}: already holds a run that stopped before its first "
+        f"checkpoint ({', '.join(held)}); start it again from the beginning with "
+        f"resume={run_dir}, or choose a new directory"
+    )
+
+
+class TrainRecipe:
+    """The main job, read top to bottom: :meth:`setup`, :meth:`load_checkpoint`, :meth:`train`
+    (which calls :meth:`save_checkpoint`), :meth:`cleanup`.
+
+    Where the engines and the trainer run is decided by :func:`~stalebound.train.backends.
+    make_backend` and :func:`~stalebound.train.backends.make_engines`; the recipe itself has no
+    branch on the backend or the engine kind.
+
+    Failures reach the caller as the job's errors: :class:`ConfigError` (before anything is
+    written), :class:`TrainingInterrupted`, :class:`TrainingFailed`, :class:`RunDirectoryError`,
+    or a :class:`~stalebound.train.checkpoint.CheckpointError` naming the checkpoint to use
+    instead.
+    """
+
+    def __init__(self, cfg: StaleboundConfig, *, console: Console | None = None) -> None:
+        self.cfg = cfg
+        self.console = console or Console()
+        self.backend = make_backend(cfg)
+        self.progress = _Progress()
+        self.eval_before = 0.0
+        self.warm_start_s = 0.0
+        self.resume: Any = None
+        """The checkpoint this run continues from, if any."""
+        self.saved: _SavedJob | None = None
+        self.restart = False
+        """The run stopped before its first checkpoint and starts again from the beginning."""
+        self.where: _Where | None = None
+        self._lock: Any = None
+        self._stop: _StopRequest | None = None
+        self._signum: int | None = None
+        """The signal that asked the run to stop after a step, once it stopped listening."""
+        # what to stop whatever happens, in this order; what to close (the files); and what to
+        # close here only when the run fails (otherwise after the final evaluation)
+        self._stopping: list[Callable[[], None]] = []
+        self._closers: list[tuple[str, Callable[[], None]]] = []
+        self._on_failure: list[tuple[str, Callable[[], None]]] = []
+        self._failing = True
+        self._engines: EngineSet | None = None
+        self._sampled: list[Any] = []
+        self._stop_sampling = threading.Event()
+        self._start = 0.0
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Check everything that can be checked before writing (the checkpoint to resume, the
+        task and its prompts, the paths), take the run directory, then build the policy, the
+        engines, the executor, the trainer and the run's records."""
+        self._plan()
+        self._take_run_dir()
+        with self._interruptions():
+            train_device = self._prepare_torch()
+        with self._failures():
+            self._build(train_device)
+
+    def _prepare_torch(self) -> Any:
+        """Torch's threads and seed, and the trainer's device; then listen for signals."""
+        import torch
+        import transformers
+
+        from stalebound.engines.devices import resolve_device
+
+        transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        train_device = resolve_device(self.cfg.train.device)
+        torch.set_num_threads(self.cfg.train.num_threads or 1)
+        torch.manual_seed(self.cfg.seed)
+        self._stop = _StopRequest(self.console)
+        self._stop.__enter__()  # from here on a signal stops the job after its current step
+        return train_device
+
+    def _plan(self) -> None:
+        """Every check before the run directory is touched; raises ConfigError (or a
+        CheckpointError) with nothing written."""
+        from stalebound.engines.models import checkpoint_info, load_tokenizer
+        from stalebound.tasks import make_task
+        from stalebound.tasks.workflow import context_problems
+        from stalebound.train.checkpoint import find_checkpoint, run_config_of, run_dir_of
+        from stalebound.userfiles import check_run_paths
+
+        cfg = self.cfg
+        # A resumed run checks its checkpoint (every file's checksum) before it starts anything.
+        resume = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
+        self.resume = resume
+        self.restart = bool(cfg.run.resume) and resume is None
+        self.saved = _SavedJob.read(resume) if resume is not None else None
+        if self.restart:
+            gone = run_config_of(cfg.run.resume or "").parent
+            if (gone / "summary.json").is_file():  # starting it again would throw results away
+                raise ConfigError(
+                    f"resume={cfg.run.resume!r}: the run finished without a checkpoint "
+                    "(run.checkpoint=false), so there is nothing to continue from; start a new "
+                    "run in another directory"
+                )
+        if resume is not None and self.saved is not None:
+            self._check_resume_settings(resume, self.saved)
+        if cfg.run.run_dir:
+            run_dir = Path(cfg.run.run_dir)
+        elif cfg.run.resume:
+            run_dir = run_dir_of(resume.path if resume is not None else cfg.run.resume)
+        else:
+            run_dir = _default_run_dir()
+        self.cfg = cfg = dataclasses.replace(
+            cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir))
+        )
+        self.run_dir = run_dir
+        # the task's own checks (and its prompt file) before the run directory is touched
+        self.task = make_task(cfg.task)
+        self.samples = list(self.task.samples())
+        check_run_paths(cfg, run_dir, resuming=resume is not None)  # the paths, before writing
+        # the checkpoint's own limits (context length, chat template) against the task's prompts
+        base_dir = resume.path if resume is not None else _base_model_dir(cfg)
+        too_long = context_problems(
+            self.task,
+            load_tokenizer(base_dir),
+            self.samples,
+            checkpoint_info(base_dir).max_positions,
+        )
+        if too_long:
+            raise ConfigError(too_long)
+
+    def _check_resume_settings(self, resume: Any, saved: _SavedJob) -> None:
+        cfg = self.cfg
+        now = _resume_settings(cfg)
+        # checkpoints written before the bound had one name store it under AReaL's
+        then = {STALENESS_ALIASES.get(k, k): v for k, v in saved.settings.items()}
+        changed = [f"{k}: {then.get(k)!r} → {now[k]!r}" for k in now if then.get(k) != now[k]]
+        if changed:
+            raise ConfigError(
+                f"resume={cfg.run.resume!r}: the checkpoint was written with other settings "
+                f"({'; '.join(changed)}); resume with the run's own settings (its config.yaml) "
+                "or start a new run"
+            )
+        if cfg.run.steps < resume.step:
+            raise ConfigError(
+                f"run.steps={cfg.run.steps}: the run is already at step {resume.step} "
+                f"({resume.path}); give run.steps={resume.step} or more to continue it, or "
+                "resume from an earlier checkpoint"
+            )
+
+    def _take_run_dir(self) -> None:
+        """Lock the run directory and write the run's config.yaml (ConfigError if it cannot)."""
+        from stalebound.train.checkpoint import abandon_after, atomic_write_text
+        from stalebound.train.runlock import RunLock
+
+        run_dir, resume = self.run_dir, self.resume
+        self._lock = RunLock(run_dir)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()
+            if resume is None and not self.restart:  # a run directory is never overwritten
+                _refuse_a_held_run_dir(run_dir)
+            moved = abandon_after(run_dir, resume) if resume is not None else []
+            if moved and resume is not None:
+                self.console.print(
+                    f"{resume.path.name} is older than the run's newest checkpoint: the later "
+                    f"{', '.join(p.name for p in moved)} moved to {moved[0].parent}, and the "
+                    f"records are cut back to step {resume.step}"
+                )
+            if self.restart:
+                self.console.print(
+                    f"{run_dir}: no checkpoint yet (the run stopped before its first one); "
+                    "starting it again from the beginning, warm start included"
+                )
+                _clear_unfinished_start(run_dir)
+            atomic_write_text(run_dir / "config.yaml", dump_yaml(self.cfg))
+        except OSError as exc:
+            raise ConfigError(
+                f"run.run_dir={str(run_dir)!r}: cannot write there ({exc.strerror or exc}); "
+                "choose a writable directory with free space"
+            ) from exc
+        self.where = (
+            _Where(run_dir) if resume is None else _Where(run_dir, resume.step, resume.path)
+        )
+
+    def _build(self, train_device: Any) -> None:
+        from stalebound.engines.models import load_model, load_tokenizer
+        from stalebound.obs.live import LiveView
+        from stalebound.obs.metrics import RunLogger
+        from stalebound.runtime import WorkflowExecutor
+        from stalebound.train.ledger import ItemLedger
+        from stalebound.train.rollout import evaluate
+        from stalebound.train.warmstart import warm_start
+
+        cfg, console, run_dir, resume = self.cfg, self.console, self.run_dir, self.resume
+
+        # 1-2. the policy, warm-started (or the checkpoint's)
+        rng = random.Random(cfg.seed)
+        self.eval_set = rng.sample(self.samples, min(cfg.run.eval_prompts, len(self.samples)))
+        self.order = list(self.samples)
+        rng.shuffle(self.order)
+        policy_dir = resume.path if resume is not None else _base_model_dir(cfg)
+        try:
+            self.model = load_model(policy_dir, device=train_device)
+            self.tokenizer = load_tokenizer(policy_dir)
+        except (OSError, ValueError, RuntimeError, StaleboundError) as exc:
+            if resume is None:
+                raise
+            raise resume.unusable(
+                "", f"the policy does not load ({type(exc).__name__}: {exc})"
+            ) from None
+        if resume is None:
+            ws = warm_start(
+                self.model,
+                self.tokenizer,
+                self.task,
+                cfg.train.warm_start_steps,
+                batch_size=cfg.train.warm_start_batch_size,
+                lr=cfg.train.warm_start_lr,
+                seed=cfg.train.seed,
+            )
+            self.eval_before = evaluate(self.model, self.tokenizer, self.task, self.eval_set)["acc"]
+            self.warm_start_s = ws.seconds
+            policy_dir = run_dir / "policy-v0"
+            self.model.save_pretrained(policy_dir)
+            self.tokenizer.save_pretrained(policy_dir)
+            console.print(
+                f"warm start: {ws.steps} steps in {ws.seconds:.1f}s, loss {ws.first_loss:.3f} → "
+                f"{ws.last_loss:.3f}; greedy accuracy {self.eval_before:.3f}"
+            )
+        self.policy_dir = policy_dir
+        version = resume.version if resume is not None else 0
+
+        # 3-4. engines and the executor
+        engines = make_engines(cfg, self.backend, policy_dir, version)
+        self._engines = engines
+        self._stopping.append(engines.close)
+        self.engine = BusyMeter(engines.engine)
+        self.executor = executor = WorkflowExecutor(cfg.rollout, self.engine).initialize()
+        self._stopping.insert(0, executor.destroy)  # before the engines close
+        for client in engines.clients:
+            executor.run_coroutine(client.start())
+
+            def close_client(client: Any = client) -> None:
+                executor.run_coroutine(client.aclose())
+
+            self._stopping.insert(0, close_client)
+        if engines.serves_other_weights:  # the job's weights replace the servers' own
+            executor.run_coroutine(self.engine.update_weights(policy_dir, version))
+        sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p)
+        recorder = None
+        if cfg.run.trace:
+            from stalebound.obs.trace import TraceHeader, TraceRecorder
+
+            meta = {"task": cfg.task.name, "staleness": cfg.rollout.staleness}
+            header = TraceHeader(source="runtime", group_size=cfg.rollout.group_size, meta=meta)
+            name = "trace.jsonl" if resume is None else f"trace-from-step-{resume.step}.jsonl"
+            recorder = TraceRecorder(run_dir / name, header)
+        self.workflow = EngineEpisode(self.task, self.tokenizer, sampling, recorder)
+
+        # the trainer, publishing each step's weights to the engines
+        self.trainer = self.backend.trainer(cfg, self.model, self.tokenizer, policy_dir, version)
+        self._on_failure.append(("the trainer", lambda: self.backend.close_trainer(self.trainer)))
+        self.trainer.publish(self._publish)
+
+        # the run's records; a run started again from the beginning cuts them back to nothing
+        resume_step = resume.step if resume is not None else (0 if self.restart else None)
+        self.logger = RunLogger(
+            run_dir,
+            tensorboard=cfg.run.tensorboard,
+            resume=resume_step is not None,
+            resume_step=resume_step,
+        )
+        self._on_failure.append(("the metrics", self.logger.close))
+        self.ledger = ItemLedger(run_dir, resume_step=resume_step)
+        self._closers.append(("the item ledger", self.ledger.close))
+        if recorder is not None:
+            self._closers.append(("the episode trace", recorder.close))
+        self.view = LiveView(console, staleness=cfg.rollout.staleness, live=cfg.run.live)
+
+    def _publish(self, state_dict: Any, version: int) -> None:
+        source: Any = state_dict
+        if self._engines is not None and self._engines.weights_on_disk:
+            # servers reload from a directory: write it atomically, keep the last two
+            weights = self.run_dir / "weights"
+            source = weights / f"v{version}"
+            tmp = source.with_name(source.name + ".tmp")
+            self.model.save_pretrained(tmp)
+            os.replace(tmp, source)
+            shutil.rmtree(weights / f"v{version - 2}", ignore_errors=True)
+        self.executor.run_coroutine(self.engine.update_weights(source, version))
+        self.executor.set_version(version)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def load_checkpoint(self) -> None:
+        """Continue from the checkpoint found in :meth:`setup` (if any): the job's totals, the
+        executor's groups and the trainer's optimizer and random state. (The policy's weights
+        were loaded from it when the model was built.)"""
+        import torch
+
+        from stalebound.train.checkpoint import ROLLOUT_STATE, TRAINER_STATE
+
+        resume, saved = self.resume, self.saved
+        if resume is None or saved is None:
+            return
+        with self._failures():
+            self.progress = saved.progress
+            self.eval_before = saved.eval_before
+            self.warm_start_s = saved.warm_start_s
+            self.console.print(
+                f"resuming {self.run_dir} from {resume.path.name}: step {resume.step}, version "
+                f"{resume.version}"
+            )
+            try:
+                self.executor.load_state_dict(resume.rollout_state(), self.workflow)
+            except StaleboundError as exc:
+                raise resume.unusable(ROLLOUT_STATE, str(exc)) from None
+            state = resume.trainer_state()
+            try:
+                if state["optimizer"] is not None:
+                    self.trainer.optimizer.load_state_dict(state["optimizer"])
+                torch.set_rng_state(state["rng"]["torch"])
+                random.setstate(state["rng"]["python"])
+            except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+                raise resume.unusable(
+                    TRAINER_STATE, f"does not fit this run ({type(exc).__name__}: {exc})"
+                ) from None
+
+    def save_checkpoint(self, step: int) -> Path:
+        """Write the checkpoint of ``step``: the policy, the trainer's and the executor's state
+        and the job's totals (the newest ``run.keep_checkpoints`` are kept)."""
+        import torch
+
+        from stalebound.train.checkpoint import write_checkpoint
+
+        executor, trainer, progress = self.executor, self.trainer, self.progress
+        rollout_state = executor.state_dict()  # first: the executor keeps running meanwhile
+        self.backend.gather(self.model, trainer)
+        self._take_policy_counts()
+        progress.wall = time.monotonic() - self._start
+        trainer_state = {
+            "optimizer": trainer.optimizer.state_dict(),
+            "version": trainer.version,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+        }
+        job_state = {
+            "progress": dataclasses.asdict(progress),
+            "eval_before": self.eval_before,
+            "warm_start_s": self.warm_start_s,
+            "settings": _resume_settings(self.cfg),
+        }
+
+        def save_model(directory: Path) -> None:
+            self.model.save_pretrained(directory)
+            self.tokenizer.save_pretrained(directory)
+
+        path = write_checkpoint(
+            self.run_dir,
+            step,
+            trainer.version,
+            save_model=save_model,
+            trainer_state=trainer_state,
+            rollout_state=rollout_state,
+            job_state=job_state,
+            keep=self.cfg.run.keep_checkpoints,
+        )
+        assert self.where is not None
+        self.where.checkpoint = path
+        return path
+
+    def _take_policy_counts(self) -> None:
+        """The staleness of what was trained, as the policy counted it (its counts are part of
+        the executor's state, so they continue across resumes)."""
+        policy = self.executor.statistics().policy
+        self.progress.violations = policy.violations
+        self.progress.max_stale = max(policy.staleness_histogram, default=0)
+
+    # -- training ------------------------------------------------------------------------------
+
+    def train(self) -> TrainResult:
+        """Train up to ``run.steps`` (checkpointing as ``run.checkpoint_*`` say), then evaluate
+        and write the summary. A first SIGTERM/SIGINT stops after the current step with a
+        checkpoint (:class:`TrainingInterrupted`)."""
+        cfg = self.cfg
+        with self._failures():
+            self._steps()
+            self._failing = False
+        self._release()
+        assert self.where is not None
+        if self._signum is not None:
+            self.logger.close()
+            self.backend.close_trainer(self.trainer)
+            raise TrainingInterrupted(
+                self._signum, self.progress.step, self.run_dir, self.where.checkpoint
+            )
+        return self._finish(time.monotonic() - self._start, cfg.rollout.staleness)
+
+    def _steps(self) -> None:
+        cfg, progress, executor, engine = self.cfg, self.progress, self.executor, self.engine
+        stop, where, logger, view = self._stop, self.where, self.logger, self.view
+        assert stop is not None and where is not None
+        # The executor's counters and buffers are sampled here, off the trainer's path: each read
+        # is a hop onto the executor's busy loop, which would otherwise delay every step.
+        self._sampled = [executor.statistics(), []]
+        every_steps, every_s = cfg.run.checkpoint_every_steps, cfg.run.checkpoint_every_s
+        sampler = threading.Thread(
+            target=self._sample_buffers, name="stalebound-buffers", daemon=True
+        )
+        self._start = time.monotonic() - progress.wall
+        if cfg.run.checkpoint and self.resume is None:
+            # step 0: a run killed before its first periodic checkpoint resumes from here, warm
+            # start included, instead of starting again
+            self.save_checkpoint(0)
+        engine.reset()
+        self._start = start = time.monotonic() - progress.wall
+        last_checkpoint = time.monotonic()
+        checkpoint_s = 0.0
+        if progress.step >= cfg.run.steps:
+            self.console.print(
+                f"the run is already at step {progress.step} (run.steps={cfg.run.steps}): nothing "
+                "to train; give a larger run.steps to train further"
+            )
+        self._stopping[:0] = [self._stop_sampling.set, view.stop]
+        view.start()
+        sampler.start()
+        for step in range(progress.step + 1, cfg.run.steps + 1):
+            if stop.requested():  # it came before this step began
+                break
+            t0 = time.monotonic()
+            batch = executor.prepare_batch(self.order, self.workflow)
+            progress.waited += time.monotonic() - t0
+            groups: dict[int, list[Any]] = {}
+            staleness: list[int] = []
+            consumed_version = batch[0].consumed_version
+            for t in batch:
+                traj = t.data
+                traj.version = t.version
+                groups.setdefault(t.group_id, []).append(traj)
+                staleness.append(t.staleness)
+            t1 = time.monotonic()
+            stats = self.trainer.step(list(groups.values()), batch_version=consumed_version)
+            t2 = time.monotonic()
+            progress.step = step
+            progress.trained += len(batch)
+            self.ledger.record(step, (t.sample_index for t in batch), executor.drain_outcomes())
+            elapsed = time.monotonic() - start
+            metrics = {k: v for k, v in stats.as_dict().items() if k not in ("version", "step")}
+            rewards = progress.rewards
+            rewards.append(metrics.get("reward_mean", 0.0))
+            recent = rewards[-5:]
+            reached = sum(recent) / len(recent) >= cfg.run.target_reward
+            if progress.time_to_target is None and reached:
+                progress.time_to_target = elapsed
+            es, rows = self._sampled  # at most 0.25 s old
+            metrics.update(
+                trajectories_per_s=progress.trained / elapsed,
+                trainer_idle_fraction=progress.waited / elapsed,
+                wait_s=t1 - t0,
+                step_and_publish_s=t2 - t1,
+                checkpoint_s=checkpoint_s,
+                engine_idle_fraction=engine.idle_fraction(),
+                **executor_metrics(es),
+            )
+            logger.log_step(metrics, version=self.trainer.version, staleness=staleness)
+            where.step = step
+            view.update_step(step, self.trainer.version, metrics, rows=rows or None)
+            checkpoint_s = 0.0
+            due = (
+                step == cfg.run.steps
+                or stop.requested()
+                or (every_steps and step % every_steps == 0)
+                or (every_s and time.monotonic() - last_checkpoint >= every_s)
+            )
+            if cfg.run.checkpoint and due:
+                t3 = time.monotonic()
+                written = self.save_checkpoint(step)
+                last_checkpoint = time.monotonic()
+                checkpoint_s = last_checkpoint - t3
+                _log.info("checkpoint %s in %.2fs", written, checkpoint_s)
+            if stop.requested():
+                break
+            _log.debug("step %d bookkeeping %.3fs", step, time.monotonic() - t2)
+        self._take_policy_counts()
+
+    def _sample_buffers(self) -> None:
+        executor, logger, view = self.executor, self.logger, self.view
+        while not self._stop_sampling.wait(0.25):
+            try:
+                version, rows = executor.inspect_policy(_head_rows)
+                self._sampled = [executor.statistics(), rows]
+            except StaleboundError:  # the executor stopped or is shutting down
+                return
+            if rows:
+                try:
+                    logger.log_buffers(None, version, rows)
+                except OSError as exc:  # the disk is full: the trainer's next write says so
+                    _log.warning("buffer samples stopped: %s", exc)
+                    return
+                view.update_buffers(rows, version=version)
+
+    def _finish(self, wall: float, eta: int) -> TrainResult:
+        """The final evaluation, plots and summary, once the engines are stopped."""
+        from stalebound.obs.live import summary_table
+        from stalebound.train.checkpoint import atomic_write_text
+        from stalebound.train.rollout import evaluate
+
+        progress, run_dir = self.progress, self.run_dir
+        self.backend.gather(self.model, self.trainer)  # the policy trained, here to evaluate
+        self.backend.close_trainer(self.trainer)
+        eval_after = evaluate(self.model, self.tokenizer, self.task, self.eval_set)["acc"]
+        self.logger.close()
+        if self.cfg.run.plots:
+            from stalebound.obs.plots import plot_run
+
+            plot_run(run_dir)
+        self.console.print(summary_table(self.logger.summary()))
+        rewards = progress.rewards
+        first, last = rewards[:5], rewards[-5:]
+        result = TrainResult(
+            run_dir=str(run_dir),
+            steps=len(rewards),
+            staleness=eta,
+            policy=self.cfg.rollout.staleness_policy,
+            eval_before=self.eval_before,
+            eval_after=eval_after,
+            reward_first=sum(first) / max(1, len(first)),
+            reward_last=sum(last) / max(1, len(last)),
+            max_staleness=progress.max_stale,
+            violations=progress.violations,
+            wall_s=wall,
+            trajectories_per_s=progress.trained / wall,
+            trainer_idle_fraction=progress.waited / wall,
+            engine_idle_fraction=self.engine.idle_fraction(),
+            time_to_target_s=progress.time_to_target,
+            warm_start_s=self.warm_start_s,
+        )
+        summary = json.dumps(dataclasses.asdict(result), indent=2)
+        atomic_write_text(run_dir / "summary.json", summary)
+        self.console.print(
+            f"[bold]reward {result.reward_first:.3f} → {result.reward_last:.3f}[/], greedy "
+            f"accuracy {self.eval_before:.3f} → {eval_after:.3f}; max staleness "
+            f"{progress.max_stale} (η = {eta}), {progress.violations} violations; "
+            f"{result.trajectories_per_s:.0f} trajectories/s; run directory {run_dir}"
+        )
+        return result
+
+    # -- failures and cleanup ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _failures(self) -> Iterator[None]:
+        """Turn what stops a run into the job's errors, each naming how to continue."""
+        from stalebound.train.checkpoint import CheckpointError, CheckpointWriteError
+
+        where = self.where
+        assert where is not None
+        run_dir = where.run_dir
+        try:
+            with self._interruptions():
+                yield
+        except OSError as exc:  # the run directory's disk: full, gone read-only, ...
+            file = f": {exc.filename}" if exc.filename else ""
+            what = (
+                f"the disk of the run directory {run_dir} is full ({exc.strerror}{file})"
+                if exc.errno == errno.ENOSPC
+                else f"writing to the run directory {run_dir} failed ({exc.strerror or exc}{file})"
+            )
+            raise RunDirectoryError(
+                f"{what}; the run stopped after step {where.step}. Free space there, then "
+                + where.hint()
+            ) from exc
+        except CheckpointWriteError as exc:
+            raise TrainingFailed(
+                f"{exc}; the run stopped after step {where.step}. Free space there, then "
+                + where.hint()
+            ) from exc
+        except CheckpointError:  # the checkpoint resumed from: the message says what to use
+            raise
+        except StaleboundError as exc:  # the engines, the executor
+            local = self._engines.local if self._engines is not None else []
+            cause = _engine_death(local) or str(exc)
+            raise TrainingFailed(
+                f"{cause}\nThe run stopped after step {where.step}; {where.hint()}"
+            ) from exc
+
+    @contextlib.contextmanager
+    def _interruptions(self) -> Iterator[None]:
+        """A second signal (or one before the job could listen) stops the run at once."""
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            where = self.where
+            assert where is not None
+            signum = exc.signum if isinstance(exc, _StopNow) else signal.SIGINT
+            raise TrainingInterrupted(
+                signum, where.step, where.run_dir, where.checkpoint, at_once=True
+            ) from None
+
+    def _release(self) -> None:
+        """Stop the sampler, the view, the executor and the engines; close the files (and, when
+        the run failed, the metrics and the trainer). Each runs once."""
+        stopping, self._stopping = self._stopping, []
+        closers, self._closers = self._closers, []
+        on_failure = self._on_failure if self._failing else []
+        if self._failing:
+            self._on_failure = []
+        try:
+            for halt in stopping:
+                halt()
+            for what_closes, close in closers + on_failure:
+                try:
+                    close()
+                except OSError as exc:  # a full disk already reported; the checkpoint counts
+                    if not self._failing:
+                        raise
+                    _log.debug("closing %s: %s", what_closes, exc)
+        finally:
+            if self._stop is not None:
+                self._stop.__exit__(None, None, None)
+                self._signum = self._stop.signum
+                self._stop = None
+
+    def cleanup(self) -> None:
+        """Release everything :meth:`setup` took, the run directory's lock last."""
+        try:
+            if self.where is not None:
+                with self._interruptions():
+                    self._release()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
