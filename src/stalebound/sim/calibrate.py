@@ -37,6 +37,7 @@ import yaml
 
 from stalebound.core.errors import ConfigError
 from stalebound.obs.trace import TrajectoryRecord, read_trace
+from stalebound.runtime.config import AREAL_STALENESS_NAME
 from stalebound.sim.config import (
     AgentConfig,
     BatchConfig,
@@ -162,7 +163,8 @@ def read_run_info(run_dir: str | Path) -> RunInfo:
         local = engine.get("kind", "local") == "local"
         return RunInfo(
             policy=policy,
-            staleness=int(rollout["max_head_offpolicyness"]),
+            # runs written before the bound had one key store it under AReaL's name
+            staleness=int(rollout.get("staleness", rollout.get(AREAL_STALENESS_NAME))),
             groups=int(rollout["consumer_batch_size"]),
             group_size=int(rollout["group_size"]),
             steps=int(run["steps"]),
