@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from stalebound.core.errors import ConfigError
 from stalebound.typedconfig import Invalid, bounds, null_means
 
 __all__ = [
@@ -183,21 +182,16 @@ class RolloutConfig:
 
 def _accept_areal_keyword(cls: type[RolloutConfig]) -> None:
     """``RolloutConfig(max_head_offpolicyness=4)`` sets :attr:`~RolloutConfig.staleness`, as
-    AReaL's ``InferenceEngineConfig`` keyword does (a wrapper, not a field, so that
-    ``dataclasses.replace`` and the config tree see one setting)."""
+    AReaL's ``InferenceEngineConfig`` keyword does (a wrapper, not a field, so that the config
+    tree sees one setting). Given with ``staleness``, AReaL's keyword wins: that is what
+    ``dataclasses.replace(config, max_head_offpolicyness=4)`` passes (every field, ``staleness``
+    with its old value, plus the keyword)."""
     generated = cls.__init__
 
     @functools.wraps(generated)
     def __init__(self: RolloutConfig, *args: Any, **kwargs: Any) -> None:
         if AREAL_STALENESS_NAME in kwargs:
-            value = kwargs.pop(AREAL_STALENESS_NAME)
-            if kwargs.get("staleness", value) != value:
-                raise ConfigError(
-                    f"{AREAL_STALENESS_NAME}={value!r}: conflicts with "
-                    f"staleness={kwargs['staleness']!r} (both set the staleness bound); keep "
-                    "only one of them"
-                )
-            kwargs["staleness"] = value
+            kwargs["staleness"] = kwargs.pop(AREAL_STALENESS_NAME)
         generated(self, *args, **kwargs)
 
     setattr(cls, "__init__", __init__)  # noqa: B010 (a method assignment the checker refuses)

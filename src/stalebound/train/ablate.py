@@ -259,7 +259,7 @@ def row_config(
         cfg,
         seed=seed,
         train=dataclasses.replace(cfg.train, seed=seed),
-        rollout=dataclasses.replace(cfg.rollout, max_head_offpolicyness=eta),
+        rollout=dataclasses.replace(cfg.rollout, staleness=eta),
         run=dataclasses.replace(cfg.run, run_dir=str(run_dir), live=False, plots=False),
     )
 
@@ -281,7 +281,7 @@ def run_row(
     result = run_training(cfg, console=console)
     row: dict[str, Any] = {
         "objective": objective,
-        "staleness": cfg.rollout.max_head_offpolicyness,
+        "staleness": cfg.rollout.staleness,
         "seed": cfg.seed,
         "policy_reward": final_policy_reward(cfg, run_dir),
         "final_reward": result.reward_last,
