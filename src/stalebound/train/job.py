@@ -463,10 +463,4 @@ def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> Tr
     in a run directory (:class:`~stalebound.train.runlock.RunLock`)."""
     from stalebound.train.recipe import TrainRecipe
 
-    recipe = TrainRecipe(cfg, console=console)
-    try:
-        recipe.setup()
-        recipe.load_checkpoint()
-        return recipe.train()
-    finally:
-        recipe.cleanup()
+    return TrainRecipe(cfg, console=console).run()

@@ -117,6 +117,18 @@ class TrainRecipe:
         self._stop_sampling = threading.Event()
         self._start = 0.0
 
+    def run(self) -> TrainResult:
+        """The whole job: :meth:`setup`, :meth:`load_checkpoint`, :meth:`train`, and
+        :meth:`cleanup` whatever happens. Once the run has its directory, a second signal (or
+        one before the job listens) anywhere in it is :class:`TrainingInterrupted` at once."""
+        try:
+            with self._interruptions():
+                self.setup()
+                self.load_checkpoint()
+                return self.train()
+        finally:
+            self.cleanup()
+
     # -- setup ---------------------------------------------------------------------------------
 
     def setup(self) -> None:
@@ -656,7 +668,8 @@ class TrainRecipe:
             yield
         except KeyboardInterrupt as exc:
             where = self.where
-            assert where is not None
+            if where is None:  # before the run took its directory: nothing was written
+                raise
             signum = exc.signum if isinstance(exc, _StopNow) else signal.SIGINT
             raise TrainingInterrupted(
                 signum, where.step, where.run_dir, where.checkpoint, at_once=True
