@@ -652,7 +652,7 @@ class TrainRecipe:
                 f"{exc}; the run stopped after step {where.step}. Free space there, then "
                 + where.hint()
             ) from exc
-        except CheckpointError:  # the checkpoint resumed from: the message says what to use
+        except (CheckpointError, TrainingInterrupted):  # they say how to continue themselves
             raise
         except StaleboundError as exc:  # the engines, the executor
             local = self._engines.local if self._engines is not None else []
