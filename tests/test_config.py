@@ -166,7 +166,8 @@ def test_other_type_messages() -> None:
         'rollout.filter_groups.metric=3: must be a string; quote it: rollout.filter_groups.metric="3"',
     )
     assert problems_of(overrides=["rollout.staleness_policy=bufer"]) == (
-        "rollout.staleness_policy=bufer: must be one of buffer, capacity; did you mean buffer?",
+        "rollout.staleness_policy=bufer: must be one of buffer, capacity, deadline; did you mean "
+        "buffer?",
     )
     assert problems_of(overrides=["rollout.proactive_filter.method=wait"]) == (
         "rollout.proactive_filter.method=wait: must be one of 'null', retry, truncate; "

@@ -94,7 +94,7 @@ def test_sync_is_the_buffer_at_staleness_zero() -> None:
     assert sync.to_json() == {**simulate(cfg, "buffer", 0, seed=0).to_json(), "policy": "sync"}
 
 
-OUTCOMES = ("trained", "failed", "surplus", "retried", "aborted", "dropped")
+OUTCOMES = ("trained", "failed", "surplus", "retried", "aborted", "dropped", "deadline")
 STILL = ("running", "finished_pending", "waiting")
 
 

@@ -124,6 +124,8 @@ class BufferStatistics:
     replaced: int
     """Extra occupied groups moved to a later buffer at consume time."""
     pulled_forward: int
+    deferred: int
+    """Reservations moved to a later buffer within their bound (:meth:`StalenessBuffer.defer`)."""
     buffer_states: Mapping[int, BufferState]
     staleness_histogram: Mapping[int, int]
     """Consumed groups by staleness (buffer version − group version)."""
@@ -217,6 +219,10 @@ def _by_seq(g: _Entry) -> int:
     return g.seq
 
 
+def _by_deadline(g: _Entry) -> tuple[int, int]:
+    return (g.version, g.seq)  # the deadline V + η orders as V
+
+
 class _Buffer:
     """The non-empty entries of one buffer: RESERVED by reservation order, OCCUPIED by occupy order."""
 
@@ -270,6 +276,7 @@ class StalenessBuffer:
         self._refused = 0
         self._replaced = 0
         self._pulled_forward = 0
+        self._deferred = 0
         self._histogram: Counter[int] = Counter()
 
     # ------------------------------------------------------------------ queries
@@ -402,10 +409,11 @@ class StalenessBuffer:
         groups[group_id] = g
         return Reservation(group_id, V, b)
 
-    def _latest_with_room(self, b: int) -> tuple[int, _Buffer] | None:
-        """The latest buffer at or below ``b`` (and ≥ v) with an EMPTY entry."""
+    def _latest_with_room(self, b: int, above: int | None = None) -> tuple[int, _Buffer] | None:
+        """The latest buffer at or below ``b`` (and ≥ v, and > ``above``) with an EMPTY entry."""
         buffers, cap = self._buffers, self.buffer_size
-        while b >= self._v:
+        low = self._v if above is None else max(self._v, above + 1)
+        while b >= low:
             buf = buffers.get(b)
             if buf is None:
                 buf = buffers[b] = _Buffer()
@@ -488,12 +496,16 @@ class StalenessBuffer:
         del self._groups[group_id]
         self._aborted[cause] += 1
 
-    def consume(self) -> ConsumedBatch:
+    def consume(self, *, due_first: bool = False) -> ConsumedBatch:
         """Take the first B occupied groups of buffer v (in occupy order) and advance to v + 1.
 
         Surplus RESERVED entries of buffer v are aborted (their ids are returned, cause
         ``surplus``); extra OCCUPIED entries are re-placed into ``[v + 1, V + η]`` by the Occupy
         rule, in their occupy order, or dropped when no place is admissible.
+
+        ``due_first`` (consume-due-first): take the B groups with the earliest deadline
+        ``V + η`` first (occupy order among equals), so a group whose deadline is v is trained now
+        rather than left over, with nowhere admissible to go.
         """
         v = self._v
         buf = self._buffers.get(v)
@@ -505,8 +517,13 @@ class StalenessBuffer:
                 f"{counts[EntryState.RESERVED]} reserved, {counts[EntryState.EMPTY]} empty); "
                 "consume only when ready() is True"
             )
-        taken = buf.occupied[: self.batch_size]
-        extra = buf.occupied[self.batch_size :]
+        if due_first:
+            order = sorted(buf.occupied, key=_by_deadline)
+            taken = sorted(order[: self.batch_size], key=_by_seq)
+            extra = sorted(order[self.batch_size :], key=_by_seq)
+        else:
+            taken = buf.occupied[: self.batch_size]
+            extra = buf.occupied[self.batch_size :]
         surplus = tuple(buf.reserved)
         groups = self._groups
         hist = self._histogram
@@ -564,6 +581,24 @@ class StalenessBuffer:
             self._pulled_forward += len(moved)
         return tuple(moved)
 
+    def defer(self, group_id: Hashable) -> int | None:
+        """Move a RESERVED group to the latest later buffer within its bound that has an EMPTY
+        entry (``b < b′ ≤ V + η``, ``b`` its buffer now); return that buffer, or ``None`` (nothing
+        changed) when it is due (``V + η = b``) or no later buffer has room. The group's bound is
+        unchanged: it may still land anywhere from v to ``V + η`` when it completes."""
+        g = self._reserved_group("defer", group_id)
+        b, deadline = g.buffer, g.version + self.staleness
+        found = self._latest_with_room(deadline, above=b)
+        if found is None:
+            return None
+        nb, dst = found
+        del self._buffers[b].reserved[group_id]
+        self._move(g, EntryOp.DEFER)
+        g.buffer = nb
+        dst.reserved[group_id] = g
+        self._deferred += 1
+        return nb
+
     def statistics(self) -> BufferStatistics:
         """A frozen snapshot of every counter."""
         top = self._v + self.staleness
@@ -584,6 +619,7 @@ class StalenessBuffer:
             refused=self._refused,
             replaced=self._replaced,
             pulled_forward=self._pulled_forward,
+            deferred=self._deferred,
             buffer_states=_WindowStates(
                 self._v,
                 top,
@@ -631,6 +667,7 @@ class StalenessBuffer:
                 "refused": self._refused,
                 "replaced": self._replaced,
                 "pulled_forward": self._pulled_forward,
+                "deferred": self._deferred,
                 "histogram": {str(k): n for k, n in self._histogram.items()},
             },
         }
@@ -665,6 +702,7 @@ class StalenessBuffer:
             buf._refused = int(c["refused"])
             buf._replaced = int(c["replaced"])
             buf._pulled_forward = int(c["pulled_forward"])
+            buf._deferred = int(c.get("deferred", 0))
             buf._histogram = Counter({int(k): int(n) for k, n in c["histogram"].items()})
             if buf._reserved_total() != int(c["reserved_total"]):
                 raise ValueError(

@@ -16,6 +16,7 @@ from typing import Any
 from stalebound.core.buffer import StalenessBuffer
 from stalebound.core.capacity import CapacityCounter
 from stalebound.core.checks import is_int
+from stalebound.core.deadline import DEADLINE_ACTIONS, DeadlineBoundPolicy, deadline_bounds
 from stalebound.core.errors import ConfigError
 from stalebound.core.filters import GroupPostProcess, get_group_post_process
 from stalebound.core.policy import BufferPolicy, CapacityPolicy, StalenessPolicy
@@ -40,8 +41,9 @@ class CoordinatorSettings:
     """Everything the coordinator decides with, per data-parallel rank."""
 
     policy: str
-    """``buffer`` or ``capacity``."""
+    """``buffer``, ``capacity`` or ``deadline``."""
     staleness: int
+    """The bound η (under ``deadline``, the hard bound η_h)."""
     batch_size: int
     buffer_size: int
     group_size: int
@@ -63,6 +65,14 @@ class CoordinatorSettings:
     progress_log: float | None = None
     max_relaunches: int | None = None
     """Relaunches of failed members per group; ``None``: up to N (the group tracker's default)."""
+    soft_staleness: int | None = None
+    """``deadline`` only: the soft admission target η_s (``None``: η_h // 2)."""
+    deadline_slack: int = 0
+    """``deadline`` only: entries per buffer beyond B′ (B′ + slack in all)."""
+    deadline_action: str = "truncate"
+    """``deadline`` only: ``truncate`` or ``abort`` a group still running at its deadline."""
+    admission_margin: int = 0
+    """``deadline`` only: admit only while AReaL's capacity exceeds this many groups."""
 
 
 def _per_rank(name: str, value: object, dp: int, problems: list[str]) -> int:
@@ -101,12 +111,20 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
             f"train_data_parallel_size={dp!r}: must be an integer ≥ 1 (1 without data parallelism)"
         )
     policy = config.staleness_policy
-    if policy not in ("buffer", "capacity"):
+    if policy not in ("buffer", "capacity", "deadline"):
         problems.append(
-            f"rollout.staleness_policy={policy!r}: must be 'buffer' (per-trajectory bound) or "
-            "'capacity' (AReaL's aggregate bound)"
+            f"rollout.staleness_policy={policy!r}: must be 'buffer' (per-trajectory bound), "
+            "'capacity' (AReaL's aggregate bound) or 'deadline' (AReaL's admission, hard bound)"
         )
     spelled, staleness = _bound(config)
+    soft: int | None = None
+    dl = getattr(config, "deadline", None)
+    if policy == "deadline":  # the bound is the hard one, η_h; the soft target η_s is its own
+        try:
+            soft, staleness = deadline_bounds(getattr(dl, "target", None), staleness)
+        except ConfigError as e:
+            problems.extend(e.problems)
+            soft = staleness = 0
     if not is_int(staleness) or staleness < 0:
         problems.append(f"rollout.{spelled}={staleness!r}: must be an integer ≥ 0")
         staleness = 0
@@ -122,8 +140,9 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
         )
     elif policy == "capacity":
         concurrent = batch  # AReaL's fallback: max_concurrent_rollouts or consumer_batch_size
-    else:
-        concurrent = min(staleness + 1, DEFAULT_BATCHES_IN_FLIGHT) * buffer_size
+    else:  # the deadline policy's window for admission is η_s's
+        window = staleness if soft is None else soft
+        concurrent = min(window + 1, DEFAULT_BATCHES_IN_FLIGHT) * buffer_size
     queue = 16 * concurrent if config.queue_size is None else config.queue_size
     if not is_int(queue) or queue < 1:
         problems.append(f"rollout.queue_size={queue!r}: must be an integer ≥ 1, or None")
@@ -153,6 +172,15 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
             problems.extend(e.problems)
     for name in ("watchdog_timeout_s", "progress_log_s"):
         _seconds(name, getattr(config, name), problems, ", or None")
+    if dl is not None and policy == "deadline":
+        for name, value in (("slack", dl.slack), ("margin", dl.margin)):
+            if not is_int(value) or value < 0:
+                problems.append(f"rollout.deadline.{name}={value!r}: must be an integer ≥ 0")
+        if dl.action not in DEADLINE_ACTIONS:
+            problems.append(
+                f"rollout.deadline.action={dl.action!r}: must be 'truncate' (keep the partial "
+                "output) or 'abort' (throw it away)"
+            )
     if problems:
         raise ConfigError(problems)
     return CoordinatorSettings(
@@ -177,6 +205,16 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
         max_filtered=config.max_consecutive_filtered,
         watchdog=config.watchdog_timeout_s,
         progress_log=config.progress_log_s,
+        soft_staleness=soft,
+        **(
+            {}
+            if dl is None
+            else {
+                "deadline_slack": dl.slack,
+                "deadline_action": dl.action,
+                "admission_margin": dl.margin,
+            }
+        ),
     )
 
 
@@ -199,6 +237,22 @@ def build_policy(
             start_version=start_version,
         )
         return BufferPolicy(buffer, max_concurrent=s.max_concurrent)
+    if s.policy == "deadline":
+        soft = s.staleness // 2 if s.soft_staleness is None else s.soft_staleness
+        bounded = StalenessBuffer(
+            s.batch_size,
+            s.staleness,
+            group_size=s.group_size,
+            buffer_size=s.buffer_size + s.deadline_slack,
+            group_redundancy=s.group_redundancy,
+            start_version=start_version,
+        )
+        admission = CapacityCounter(s.max_concurrent, s.batch_size, soft)
+        if start_version:
+            admission.version_recovered(start_version)
+        return DeadlineBoundPolicy(
+            bounded, admission, action=s.deadline_action, margin=s.admission_margin
+        )
     if counter is None:
         counter = CapacityCounter(s.max_concurrent, s.batch_size, s.staleness)
     return CapacityPolicy(counter, drop_stale=s.drop_stale, start_version=start_version)

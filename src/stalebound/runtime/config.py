@@ -22,6 +22,7 @@ from stalebound.typedconfig import Invalid, bounds, null_means
 __all__ = [
     "AREAL_STALENESS_NAME",
     "STALENESS_ALIASES",
+    "DeadlineConfig",
     "FilterGroupsConfig",
     "GroupPostProcessConfig",
     "ProactiveFilterConfig",
@@ -85,17 +86,37 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class DeadlineConfig:
+    """``staleness_policy: deadline`` only (docs/deadline.md)."""
+
+    target: int | None = field(
+        default=None, metadata=bounds(ge=0, fix="use null for half the hard bound, or ≥ 0")
+    )
+    """η_s, the soft admission target (AReaL's capacity arithmetic admits at it); at most
+    ``rollout.staleness``, the hard bound η_h. ``None`` means η_h // 2."""
+    slack: int = field(default=0, metadata=bounds(ge=0, fix="e.g. 0 (the default)"))
+    """Entries per buffer beyond ``buffer_size``."""
+    action: Literal["truncate", "abort"] = "truncate"
+    """What happens to a group still running when its deadline buffer becomes the head."""
+    margin: int = field(default=1, metadata=bounds(ge=0, fix="e.g. 1 (the default)"))
+    """Admit only while AReaL's capacity exceeds this many groups."""
+
+
+@dataclass
 class RolloutConfig:
     """Admission and staleness control: the executor's settings (AReaL's ``InferenceEngineConfig``
     names, PSRL's ``psrl.*`` names as aliases)."""
 
-    staleness_policy: Literal["buffer", "capacity"] = "buffer"
+    staleness_policy: Literal["buffer", "capacity", "deadline"] = "buffer"
     """``buffer``: PSRL's per-trajectory staleness buffer. ``capacity``: AReaL's count-based
-    admission (bounds staleness in aggregate only)."""
+    admission (bounds staleness in aggregate only). ``deadline``: AReaL's admission at the soft
+    target ``deadline.target`` with ``staleness`` as the hard bound (docs/deadline.md)."""
     staleness: int = field(default=2, metadata=bounds(ge=0, fix="use 0 for synchronous training"))
     """η, the staleness bound: a trajectory generated at version V is trained at V + η at the latest.
     0 is synchronous training. Also spelt ``rollout.max_head_offpolicyness`` (AReaL),
-    ``psrl.staleness`` (PSRL) and ``--max-head-offpolicyness``."""
+    ``psrl.staleness`` (PSRL) and ``--max-head-offpolicyness``. Under ``deadline``, the hard bound
+    η_h."""
+    deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     consumer_batch_size: int = field(
         default=8, metadata=bounds(ge=1, fix="train on at least one group per step")
     )

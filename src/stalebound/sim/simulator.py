@@ -40,6 +40,7 @@ from stalebound.core import (
     MemberId,
 )
 from stalebound.core.coordinator import Coordinator
+from stalebound.core.deadline import DEFAULT_MARGIN, DEFAULT_SLACK
 from stalebound.core.events import (
     AbortGroup,
     AbortRequest,
@@ -95,6 +96,9 @@ POLICIES = (
     "buffer+redundancy",
     "buffer+retry",
     "buffer+truncate",
+    "deadline",
+    "deadline-tight",
+    "deadline-abort",
 )
 
 PROACTIVE_MAX_RETRIES = 2
@@ -123,6 +127,9 @@ class PolicySpec:
     redundancy: bool = False
     filter: str | None = None
     synchronous: bool = False
+    hard_factor: int = 1
+    """``deadline`` kinds: the hard bound η_h is this many times η (η is the soft target η_s)."""
+    deadline_action: str = "truncate"
 
 
 def policy_spec(name: str) -> PolicySpec:
@@ -135,6 +142,11 @@ def policy_spec(name: str) -> PolicySpec:
         "buffer+redundancy": PolicySpec("buffer+redundancy", "buffer", redundancy=True),
         "buffer+retry": PolicySpec("buffer+retry", "buffer", filter="retry"),
         "buffer+truncate": PolicySpec("buffer+truncate", "buffer", filter="truncate"),
+        "deadline": PolicySpec("deadline", "deadline", hard_factor=2),
+        "deadline-tight": PolicySpec("deadline-tight", "deadline"),
+        "deadline-abort": PolicySpec(
+            "deadline-abort", "deadline", hard_factor=2, deadline_action="abort"
+        ),
     }
     if name not in specs:
         raise ConfigError(f"policy={name!r}: unknown policy; use one of {', '.join(POLICIES)}")
@@ -502,9 +514,14 @@ def coordinator_settings(
     max_groups = cfg.batch.max_concurrent_groups or slots
     buffer_size = math.ceil(B * cfg.redundancy.batch_factor) if spec.redundancy else B
     p = cfg.proactive
+    deadline = spec.kind == "deadline"
     return CoordinatorSettings(
         policy=spec.kind,
-        staleness=staleness,
+        staleness=staleness * spec.hard_factor if deadline else staleness,
+        soft_staleness=staleness if deadline else None,
+        deadline_slack=DEFAULT_SLACK,
+        deadline_action=spec.deadline_action,
+        admission_margin=DEFAULT_MARGIN if deadline else 0,
         batch_size=B,
         buffer_size=buffer_size,
         group_size=N,
@@ -597,7 +614,12 @@ class Simulation:
             Stop: self._stop,
         }
         self.counts: Counter[str] = Counter()
-        self.tokens: dict[str, float] = {"generated": 0.0, "wasted": 0.0, "trained": 0.0}
+        self.tokens: dict[str, float] = {
+            "generated": 0.0,
+            "wasted": 0.0,
+            "trained": 0.0,
+            "truncated": 0.0,  # trained tokens of truncated trajectories
+        }
         self.histogram: Counter[int] = Counter()
         # the head buffer's state over time (buffer policies)
         self._head = BufferState.PENDING
@@ -820,6 +842,8 @@ class Simulation:
                 tokens += m.tokens
                 trained += 1
                 truncated += cut
+                if cut:
+                    self.tokens["truncated"] += m.tokens
                 self.histogram[a.version - r.version] += 1
                 if self.recorder is not None:
                     self._record(m, "trained", complete=not cut)
@@ -1031,7 +1055,7 @@ class Simulation:
             trainer_util=trainer_util,
             engine_util=engine_util,
             staleness_histogram=dict(sorted(self.histogram.items())),
-            violations=sum(n for k, n in self.histogram.items() if k > self.eta),
+            violations=sum(n for k, n in self.histogram.items() if k > self.settings.staleness),
             wasted_fraction=self.tokens["wasted"] / decided if decided else 0.0,
             stuck_fraction=stuck,
             blocked_fraction=blocked,

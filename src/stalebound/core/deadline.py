@@ -1,0 +1,303 @@
+"""The deadline policy: AReaL's admission at a soft target, PSRL's per-trajectory hard bound.
+
+Two numbers (section 12 of the design):
+
+* ``η_s`` — the **soft target**: admission is AReaL's capacity arithmetic at ``η_s``
+  (:class:`~stalebound.core.CapacityCounter`), optionally less an admission margin of ``m``
+  groups (admit only while the capacity exceeds ``m``). It fixes how much work is in flight, and
+  so the mean staleness and the throughput, exactly as AReaL's ``max_head_offpolicyness`` does.
+* ``η_h ≥ η_s`` — the **hard bound**: every admitted group reserves an entry at ``V + η_h`` in
+  per-version buffers of ``B′ = B + slack`` entries (:class:`~stalebound.core.StalenessBuffer`),
+  so no trajectory is ever trained later than ``V + η_h``, whatever the timing.
+
+The buffer alone waits for its head to fill by itself; this policy consumes at capacity's pace
+instead. As soon as B groups have completed anywhere in the window, the head buffer is made ready
+from them: completed groups in later buffers are pulled forward into the head (their staleness
+only shrinks) and, where the head has no free entry, reservations in it that are not due
+(``V + η_h > v``) are deferred to a later buffer within their bound. A group still running when
+its deadline buffer ``V + η_h`` becomes the head gets the deadline action (:meth:`deadline_verdicts`,
+carried out by the coordinator): ``truncate`` (force-completed with its partial output, kept and
+marked truncated) or ``abort`` (its tokens are wasted). The head is consumed due-first, and not
+while a due group is still running (a truncation under way lands in it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
+
+from stalebound.core.buffer import ConsumedBatch, EntryState, StalenessBuffer
+from stalebound.core.capacity import CapacityCounter, RolloutStat
+from stalebound.core.checks import is_int
+from stalebound.core.errors import ConfigError, ProtocolError
+from stalebound.core.policy import Admission, PolicyStatistics
+
+__all__ = [
+    "DEADLINE_ACTIONS",
+    "DEFAULT_MARGIN",
+    "DEFAULT_SLACK",
+    "DeadlineBoundPolicy",
+    "deadline_bounds",
+]
+
+DEADLINE_ACTIONS = ("truncate", "abort")
+DEFAULT_MARGIN = 1
+"""Admission margin in groups (``rollout.deadline.margin``), chosen on the simulator's presets."""
+DEFAULT_SLACK = 0
+"""Entries per buffer beyond B′ (``rollout.deadline.slack``), chosen on the simulator's presets."""
+
+
+def deadline_bounds(soft: int | None, hard: int | None) -> tuple[int, int]:
+    """``(η_s, η_h)`` from the settings given: both; only the soft target (``η_h = 2·η_s``);
+    only the hard bound (``η_s = η_h // 2``). ``η_s > η_h`` is a :class:`ConfigError`."""
+    problems = []
+    for name, value in (("deadline.target", soft), ("staleness", hard)):
+        if value is not None and (not is_int(value) or value < 0):
+            problems.append(f"rollout.{name}={value!r}: must be an integer ≥ 0")
+    if soft is None and hard is None:
+        problems.append(
+            "rollout.staleness=None: staleness_policy=deadline needs the hard bound "
+            "(rollout.staleness) or the soft target (rollout.deadline.target)"
+        )
+    if problems:
+        raise ConfigError(problems)
+    if hard is None:
+        assert soft is not None
+        return soft, 2 * soft
+    if soft is None:
+        return hard // 2, hard
+    if soft > hard:
+        raise ConfigError(
+            f"rollout.deadline.target={soft}: the soft admission target must be ≤ the hard "
+            f"bound rollout.staleness={hard}; raise rollout.staleness to at least {soft} (twice "
+            "the target is the measured default) or lower the target"
+        )
+    return soft, hard
+
+
+class DeadlineBoundPolicy:
+    """Soft admission at ``η_s``, hard bound at ``η_h`` (see the module docstring).
+
+    ``buffer`` holds the hard bound (its ``staleness`` is ``η_h``, its ``buffer_size`` is
+    ``B + slack``); ``counter`` the soft target (its ``max_staleness`` is ``η_s``, its limit on
+    concurrent rollouts the concurrency limit). ``action`` is ``truncate`` or ``abort``;
+    ``margin`` the admission margin in groups."""
+
+    name = "deadline"
+
+    def __init__(
+        self,
+        buffer: StalenessBuffer,
+        counter: CapacityCounter,
+        *,
+        action: str = "truncate",
+        margin: int = 0,
+    ) -> None:
+        problems = []
+        if not isinstance(buffer, StalenessBuffer):
+            problems.append(f"buffer={buffer!r}: must be a StalenessBuffer")
+        if not isinstance(counter, CapacityCounter):
+            problems.append(f"counter={counter!r}: must be a CapacityCounter")
+        elif isinstance(buffer, StalenessBuffer):
+            if counter.max_staleness > buffer.staleness:
+                problems.append(
+                    f"soft target {counter.max_staleness} > hard bound {buffer.staleness}: the "
+                    "soft admission target must be ≤ the hard bound"
+                )
+            if counter.consumer_batch_size != buffer.batch_size:
+                problems.append(
+                    f"counter.consumer_batch_size={counter.consumer_batch_size}: must equal the "
+                    f"buffer's batch_size={buffer.batch_size}"
+                )
+        if action not in DEADLINE_ACTIONS:
+            problems.append(
+                f"rollout.deadline.action={action!r}: must be 'truncate' (keep the partial "
+                "output) or 'abort' (throw it away)"
+            )
+        if not is_int(margin) or margin < 0:
+            problems.append(f"rollout.deadline.margin={margin!r}: must be an integer ≥ 0 (groups)")
+        if problems:
+            raise ConfigError(problems)
+        self.buffer = buffer
+        self.counter = counter
+        self.action = action
+        self.margin = margin
+        self._deadline_aborts = 0
+
+    # ------------------------------------------------------------------ the policy's surface
+
+    @property
+    def version(self) -> int:
+        return self.buffer.version
+
+    @property
+    def staleness(self) -> int:
+        """The hard bound η_h."""
+        return self.buffer.staleness
+
+    @property
+    def soft_staleness(self) -> int:
+        """The soft admission target η_s."""
+        return self.counter.max_staleness
+
+    @property
+    def batch_size(self) -> int:
+        return self.buffer.batch_size
+
+    def capacity(self, version: int | None = None) -> int:
+        """AReaL's capacity at η_s less the margin, and never more than the buffer has room for
+        (with η_h ≥ η_s and B′ ≥ B the buffer never binds: its window is the larger)."""
+        V = self.version if version is None else min(version, self.version)
+        return min(self.counter.capacity(V) - self.margin, self.buffer.capacity(V))
+
+    def try_admit(self, group_id: Hashable, version: int | None = None) -> Admission | None:
+        if group_id in self.buffer:
+            raise ProtocolError(
+                f"try_admit(group_id={group_id!r}): the group is already in flight; use a fresh id"
+            )
+        V = self.version if version is None else version
+        if is_int(V) and 0 <= V <= self.version and self.counter.capacity(V) <= self.margin:
+            return None
+        r = self.buffer.try_reserve(group_id, version)
+        if r is None:
+            return None
+        self.counter.enqueued()
+        self.counter.submitted()
+        return Admission(group_id, r.version, r.buffer_version)
+
+    def complete(
+        self, group_id: Hashable, payload: Any = None, *, segment_versions: Iterable[int] = ()
+    ) -> bool:
+        """Occupy the group's entry (never refused), then make the head ready if B groups have
+        completed anywhere in the window."""
+        self.buffer.occupy(group_id, payload, segment_versions=segment_versions)
+        self.counter.accepted()
+        self._make_ready()
+        return True
+
+    def abort(self, group_id: Hashable, cause: str = "aborted") -> None:
+        self.buffer.abort(group_id, cause)
+        self.counter.rejected()
+        self._make_ready()
+
+    def ready(self) -> bool:
+        """Buffer v holds B completed groups and no due group is still running in it."""
+        return self.buffer.ready() and not self._due_running(self.version)
+
+    def consume(self) -> ConsumedBatch:
+        """Defer the head's not-due reservations, consume it due-first, and make the next head
+        ready. Reservations that found no later room are surplus (``aborted``; counted)."""
+        buf = self.buffer
+        v = buf.version
+        for gid in buf.reserved_groups(v):
+            buf.defer(gid)  # a due one (or one without room) stays: consume aborts it
+        batch = buf.consume(due_first=True)
+        for _ in batch.aborted:
+            self.counter.rejected()
+        self._make_ready()
+        return batch
+
+    def deadline_verdicts(self, head: int) -> Sequence[tuple[Hashable, str]]:
+        """The running groups whose deadline buffer ``V + η_h`` is ``head``, each with the
+        deadline action; called by the coordinator when ``head`` becomes the head."""
+        return [(gid, self.action) for gid in self._due_running(head)]
+
+    def is_running(self, group_id: Hashable) -> bool:
+        where = self.buffer.lookup(group_id)
+        return where is not None and where[0] is EntryState.RESERVED
+
+    def statistics(self) -> PolicyStatistics:
+        s = self.buffer.statistics()
+        return PolicyStatistics(
+            policy=self.name,
+            version=s.version,
+            staleness_bound=s.staleness_bound,
+            running=s.reserved,
+            waiting=s.occupied,
+            admitted=s.reserved_total,
+            completed=s.occupied_total,
+            consumed=s.consumed_groups,
+            aborted=s.aborted,
+            dropped=s.dropped,
+            staleness_histogram=s.staleness_histogram,
+            violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness_bound),
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """The buffer's snapshot, the counter's state and the knobs, as plain data."""
+        c = self.counter
+        return {
+            "policy": self.name,
+            "buffer": self.buffer.snapshot(),
+            "soft_staleness": c.max_staleness,
+            "max_concurrent_rollouts": c.max_concurrent_rollouts,
+            "stat": dict(vars(c.stat)),
+            "action": self.action,
+            "margin": self.margin,
+        }
+
+    def load_snapshot(self, snapshot: Mapping[str, Any]) -> None:
+        """Replace the state with :meth:`snapshot` output; a damaged or foreign snapshot raises
+        :class:`ProtocolError` and changes nothing."""
+        try:
+            if snapshot["policy"] != self.name:
+                raise ProtocolError(
+                    f"load_snapshot(): the snapshot is of the {snapshot['policy']!r} policy, not "
+                    f"{self.name!r}; resume with the staleness policy that wrote it"
+                )
+            buffer = StalenessBuffer.restore(snapshot["buffer"])
+            stat = RolloutStat(**{k: int(n) for k, n in snapshot["stat"].items()})
+            if stat.running != buffer.reserved_count or min(vars(stat).values()) < 0:
+                raise ValueError(
+                    f"running count {stat.running} does not match the buffer's "
+                    f"{buffer.reserved_count} reservations"
+                )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(
+                f"load_snapshot(): the snapshot is damaged or not a deadline-policy snapshot "
+                f"({type(exc).__name__}: {exc}); restore from an intact checkpoint"
+            ) from exc
+        self.buffer = buffer
+        self.counter.stat = stat
+
+    # ------------------------------------------------------------------ the head
+
+    def _due_running(self, head: int) -> list[Hashable]:
+        """Reservations in buffer ``head`` whose deadline is ``head``."""
+        buf = self.buffer
+        if head != buf.version:
+            return []
+        eta = buf.staleness
+        due = []
+        for gid in buf.reserved_groups(head):
+            where = buf.lookup(gid)
+            assert where is not None
+            if where[2] + eta == head:
+                due.append(gid)
+        return due
+
+    def _make_ready(self) -> None:
+        """Consume at capacity's pace: once B groups have completed anywhere in the window, pull
+        them forward into the head, deferring not-due reservations of the head for room."""
+        buf = self.buffer
+        if buf.ready() or len(buf) - buf.reserved_count < buf.batch_size:
+            return
+        v = buf.version
+        while True:
+            buf.pull_forward()
+            if buf.ready() or len(buf) - buf.reserved_count == len(buf.occupied_groups(v)):
+                return  # ready, or nothing left to pull
+            # the head has no free entry: defer its not-due reservation with the most slack
+            eta = buf.staleness
+            movable = sorted(
+                (g for g in buf.reserved_groups(v) if _version(buf, g) + eta > v),
+                key=lambda g: -_version(buf, g),
+            )
+            if not any(buf.defer(g) is not None for g in movable):  # stops at the first
+                return
+
+
+def _version(buf: StalenessBuffer, gid: Hashable) -> int:
+    where = buf.lookup(gid)
+    assert where is not None
+    return where[2]
