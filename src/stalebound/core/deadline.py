@@ -26,11 +26,16 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from stalebound.core.buffer import ConsumedBatch, EntryState, StalenessBuffer
+from stalebound.core.buffer import ConsumedBatch, StalenessBuffer
 from stalebound.core.capacity import CapacityCounter, RolloutStat
 from stalebound.core.checks import is_int
 from stalebound.core.errors import ConfigError, ProtocolError
-from stalebound.core.policy import Admission, PolicyStatistics
+from stalebound.core.policy import (
+    Admission,
+    PolicyStatistics,
+    buffer_running,
+    buffer_statistics,
+)
 
 __all__ = [
     "DEADLINE_ACTIONS",
@@ -203,25 +208,10 @@ class DeadlineBoundPolicy:
         return [(gid, self.action) for gid in self._due_running(head)]
 
     def is_running(self, group_id: Hashable) -> bool:
-        where = self.buffer.lookup(group_id)
-        return where is not None and where[0] is EntryState.RESERVED
+        return buffer_running(self.buffer, group_id)
 
     def statistics(self) -> PolicyStatistics:
-        s = self.buffer.statistics()
-        return PolicyStatistics(
-            policy=self.name,
-            version=s.version,
-            staleness_bound=s.staleness_bound,
-            running=s.reserved,
-            waiting=s.occupied,
-            admitted=s.reserved_total,
-            completed=s.occupied_total,
-            consumed=s.consumed_groups,
-            aborted=s.aborted,
-            dropped=s.dropped,
-            staleness_histogram=s.staleness_histogram,
-            violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness_bound),
-        )
+        return buffer_statistics(self.name, self.buffer)
 
     def snapshot(self) -> dict[str, Any]:
         """The buffer's snapshot, the counter's state and the knobs, as plain data."""

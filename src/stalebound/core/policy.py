@@ -147,6 +147,31 @@ def _check_limit(name: str, value: int | None) -> None:
         raise ConfigError(f"{name}={value!r}: must be an integer ≥ 1 or None; None means no limit")
 
 
+def buffer_running(buffer: StalenessBuffer, group_id: Hashable) -> bool:
+    """Whether a group holds a RESERVED entry of ``buffer`` (it is generating)."""
+    where = buffer.lookup(group_id)
+    return where is not None and where[0] is EntryState.RESERVED
+
+
+def buffer_statistics(name: str, buffer: StalenessBuffer) -> PolicyStatistics:
+    """A buffer-backed policy's statistics: every count is the buffer's."""
+    s = buffer.statistics()
+    return PolicyStatistics(
+        policy=name,
+        version=s.version,
+        staleness=s.staleness,
+        running=s.reserved,
+        waiting=s.occupied,
+        admitted=s.reserved_total,
+        completed=s.occupied_total,
+        consumed=s.consumed_groups,
+        aborted=s.aborted,
+        dropped=s.dropped,
+        staleness_histogram=s.staleness_histogram,
+        violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness),
+    )
+
+
 class BufferPolicy:
     """PSRL's staleness buffer plus an optional concurrency limit on running groups.
 
@@ -210,25 +235,10 @@ class BufferPolicy:
         return self.buffer.consume()
 
     def is_running(self, group_id: Hashable) -> bool:
-        where = self.buffer.lookup(group_id)
-        return where is not None and where[0] is EntryState.RESERVED
+        return buffer_running(self.buffer, group_id)
 
     def statistics(self) -> PolicyStatistics:
-        s = self.buffer.statistics()
-        return PolicyStatistics(
-            policy=self.name,
-            version=s.version,
-            staleness=s.staleness,
-            running=s.reserved,
-            waiting=s.occupied,
-            admitted=s.reserved_total,
-            completed=s.occupied_total,
-            consumed=s.consumed_groups,
-            aborted=s.aborted,
-            dropped=s.dropped,
-            staleness_histogram=s.staleness_histogram,
-            violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness),
-        )
+        return buffer_statistics(self.name, self.buffer)
 
     def snapshot(self) -> dict[str, Any]:
         """The whole state as plain data: the buffer's :meth:`~StalenessBuffer.snapshot` (its
