@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import event as note_event
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -305,6 +306,8 @@ class DeadlineMachine(RuleBasedStateMachine):
         # the deadline action fires exactly when the deadline buffer becomes the head
         for _, V in deadline_hits:
             assert head != before and V + self.hard == head
+        if deadline_hits:
+            note_event(f"deadline action: {self.action}")
         if head != before:
             due = {m for m, V in self.running.items() if V + self.hard == head and head > V}
             if self.action == "truncate":
