@@ -105,7 +105,7 @@ __all__ = [
     "GroupState",
 ]
 
-OUTCOMES = ("filtered", "failed", "dropped", "surplus", "stopped")
+OUTCOMES = ("filtered", "failed", "dropped", "surplus", "stopped", "deadline")
 """How an item can end without being trained (:class:`ReportDrop`)."""
 
 # Release causes after which the item goes on (queued again, or the state is being torn down).

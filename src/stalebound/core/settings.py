@@ -224,8 +224,9 @@ def build_policy(
     *,
     counter: CapacityCounter | None = None,
 ) -> StalenessPolicy:
-    """The staleness policy the settings name. The capacity policy uses ``counter`` when given
-    (an AReaL ``StalenessManager``'s, whose limits are then the ones enforced)."""
+    """The staleness policy the settings name. The capacity policy (and the deadline policy, for
+    its admission at η_s) uses ``counter`` when given (an AReaL ``StalenessManager``'s, whose
+    limits are then the ones enforced)."""
     s = settings
     if s.policy == "buffer":
         buffer = StalenessBuffer(
@@ -247,7 +248,7 @@ def build_policy(
             group_redundancy=s.group_redundancy,
             start_version=start_version,
         )
-        admission = CapacityCounter(s.max_concurrent, s.batch_size, soft)
+        admission = counter or CapacityCounter(s.max_concurrent, s.batch_size, soft)
         if start_version:
             admission.version_recovered(start_version)
         return DeadlineBoundPolicy(

@@ -151,11 +151,18 @@ class WorkflowExecutor(LoopThread):
                 "WorkflowExecutor to start again"
             )
         s = resolve_settings(self.config, train_data_parallel_size)
-        if s.proactive == "truncate" and _method(self.inference_engine, "abort") is None:
+        cuts = s.proactive == "truncate" or (s.policy, s.deadline_action) == ("deadline", "truncate")
+        if cuts and _method(self.inference_engine, "abort") is None:
+            name = (
+                "proactive_filter.method='truncate'"
+                if s.proactive == "truncate"
+                else "deadline.action='truncate'"
+            )
             raise ConfigError(
-                f"rollout.proactive_filter.method='truncate': the inference engine "
+                f"rollout.{name}: the inference engine "
                 f"{type(self.inference_engine).__name__} has no abort(request_id), so running "
-                "generations cannot be cut short; use method=retry, or an engine with abort"
+                "generations cannot be cut short; use an engine with abort, or "
+                + ("method=retry" if s.proactive == "truncate" else "deadline.action=abort")
             )
         start = self._engine_version() if self._engine_version is not None else 0
         self._published = start
@@ -163,15 +170,19 @@ class WorkflowExecutor(LoopThread):
         if s.policy == "buffer":
             coord = Coordinator(build_policy(s, start), s, gate=manager)
         else:
+            # AReaL's manager is the admission counter: at η, or at the deadline policy's η_s
+            admits = s.staleness if s.soft_staleness is None else s.soft_staleness
             if manager is None:
                 manager = StalenessManager(
-                    self, s.max_concurrent, s.batch_size, s.staleness, strict=True
+                    self, s.max_concurrent, s.batch_size, admits, strict=True
                 )
                 self.staleness_manager = manager
             with manager.lock:
                 policy = build_policy(s, start, counter=manager.counter)
             # the manager's limits are the policy's: report what is actually enforced
             s = replace(s, batch_size=policy.batch_size, staleness=policy.staleness)
+            if s.soft_staleness is not None:  # the deadline policy: the manager admits at η_s
+                s = replace(s, soft_staleness=manager.max_staleness)
             coord = Coordinator(policy, s, guard=manager.lock)
         self._settings, self._coord = s, coord
         self._start_thread("stalebound-executor")

@@ -1,0 +1,80 @@
+"""The deadline policy through the real executor, driven by a scripted engine.
+
+The engine (:class:`scripted.ProtocolEngine`) holds every request until the test answers it, so the
+test chooses who straggles; ``abort`` returns the tokens generated so far
+(``RequestCall.progress``) with ``finish_reason="abort"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scripted import Episode, ProtocolEngine, quiesce
+from stalebound.config import DeadlineConfig, RolloutConfig
+from stalebound.core import ConfigError
+from stalebound.runtime import WorkflowExecutor
+
+
+def make(engine: Any, action: str = "truncate") -> WorkflowExecutor:
+    """B = 1, η_s = η_h = 1, one spare entry per buffer, no admission margin: g0 and g1 are admitted
+    at version 0 and both reserve in buffer 1 (their deadline)."""
+    config = RolloutConfig(
+        staleness_policy="deadline",
+        max_head_offpolicyness=1,
+        staleness=1,
+        consumer_batch_size=1,
+        group_size=1,
+        deadline=DeadlineConfig(slack=1, margin=0, action=action),
+    )
+    return WorkflowExecutor(config, engine).initialize()
+
+
+def test_a_straggler_is_truncated_at_its_deadline_and_its_partial_tokens_are_trained() -> None:
+    engine = ProtocolEngine()
+    with make(engine) as ex:
+        for name in ["g0", "g1"]:
+            ex.submit(name, Episode())
+        quiesce(ex, engine)
+        slow = engine.call("g1")
+        slow.progress = 3  # what it has generated when it is cut short
+        engine.answer(engine.call("g0"), tokens=5)
+        quiesce(ex, engine)
+        assert engine.aborts == []  # buffer 0 is not g1's deadline: nothing is cut yet
+        first = ex.wait(1, timeout=60)  # consumes buffer 0: buffer 1, g1's deadline, is the head
+        assert [t.data["prompt"] for t in first] == ["g0"] and not first[0].truncated
+        s = quiesce(ex, engine)
+        assert engine.aborts == [slow.rid]
+        assert s.deadline_groups == 1 and s.truncated_trajectories == 1
+        assert s.aborted_requests == {"deadline": 1} and s.aborted_tokens == {}  # kept
+        (cut,) = ex.wait(1, timeout=60)
+        assert cut.data["prompt"] == "g1" and cut.truncated
+        assert cut.data["finish_reason"] == "abort" and cut.data["tokens"] == 3
+        assert cut.version == 0 and cut.staleness == 1  # trained at its deadline, not later
+        s = ex.statistics()
+        assert s.policy.violations == 0 and s.consumed_trajectories == 2
+
+
+def test_abort_at_the_deadline_throws_the_straggler_away_and_counts_it() -> None:
+    engine = ProtocolEngine()
+    with make(engine, action="abort") as ex:
+        for name in ["g0", "g1"]:
+            ex.submit(name, Episode())
+        quiesce(ex, engine)
+        engine.answer(engine.call("g0"))
+        quiesce(ex, engine)
+        ex.wait(1, timeout=60)
+        s = quiesce(ex, engine)
+        assert s.deadline_groups == 1 and s.truncated_trajectories == 0
+        assert s.cancelled_members == {"deadline": 1}
+        assert ex.drain_outcomes()[-1][1] == "deadline"
+
+
+def test_truncation_needs_an_engine_that_can_abort() -> None:
+    class NoAbort:
+        async def agenerate(self, request: Any) -> Any:
+            raise AssertionError("never called")
+
+    with pytest.raises(ConfigError, match=r"deadline.action='truncate'.*NoAbort has no abort"):
+        make(NoAbort())
