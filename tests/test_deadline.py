@@ -37,6 +37,7 @@ from stalebound.core.events import (
     MemberFinished,
     Submitted,
     TruncateMember,
+    Wake,
 )
 from stalebound.core.groups import MemberId
 from stalebound.core.policy import CapacityPolicy
@@ -131,7 +132,9 @@ def test_a_running_due_group_holds_the_head_until_it_lands() -> None:
     assert p.try_admit("b") is not None  # version 1, deadline 2
     p.complete("b")
     assert p.buffer.ready() and not p.ready()  # b is there, c is due and still running
-    assert p.deadline_verdicts(1) == [("c", "truncate")]
+    assert p.deadline_verdicts(1) == []  # becoming the head is not the deadline by default
+    assert p.deadline_verdicts(1, trainer_waiting=True) == [("c", "truncate")]
+    assert p.deadline_verdicts(1, trainer_waiting=True) == []  # once
     p.complete("c")
     batch = p.consume()
     assert [g.group_id for g in batch.groups] == ["c"]  # due first
@@ -254,9 +257,12 @@ class DeadlineMachine(RuleBasedStateMachine):
         slack=st.integers(0, 1),
         margin=st.integers(0, 1),
         action=st.sampled_from(["truncate", "abort"]),
+        at=st.sampled_from(["consume", "head"]),
     )
-    def setup(self, B: int, soft: int, extra: int, slack: int, margin: int, action: str) -> None:
-        self.B, self.hard, self.action = B, soft + extra, action
+    def setup(
+        self, B: int, soft: int, extra: int, slack: int, margin: int, action: str, at: str
+    ) -> None:
+        self.B, self.hard, self.action, self.at = B, soft + extra, action, at
         s = CoordinatorSettings(
             policy="deadline",
             staleness=self.hard,
@@ -272,6 +278,7 @@ class DeadlineMachine(RuleBasedStateMachine):
             deadline_slack=slack,
             deadline_action=action,
             admission_margin=margin,
+            deadline_at=at,
         )
         self.coord = Coordinator(build_policy(s), s)
         self.running: dict[MemberId, int] = {}  # member → its group's version
@@ -303,15 +310,21 @@ class DeadlineMachine(RuleBasedStateMachine):
                 for g in a.groups:
                     assert a.version - g.version <= self.hard  # the hard bound, every group
                     self.trained += 1
-        # the deadline action fires exactly when the deadline buffer becomes the head
+        # the deadline action fires exactly at the deadline: when the deadline buffer becomes the
+        # head (at=head), or when the trainer asks for it and it cannot be consumed (at=consume)
+        if self.at == "head":
+            moment = head != before
+        else:
+            moment = isinstance(event, BatchWanted) and head == before
         for _, V in deadline_hits:
-            assert head != before and V + self.hard == head
+            assert moment and V + self.hard == head
         if deadline_hits:
-            note_event(f"deadline action: {self.action}")
-        if head != before:
+            note_event(f"deadline action: {self.action} at {self.at}")
+        if moment:
             due = {m for m, V in self.running.items() if V + self.hard == head and head > V}
             if self.action == "truncate":
-                assert due <= self.truncating and {m for m, _ in deadline_hits} == due
+                assert due <= self.truncating
+                assert {m for m, _ in deadline_hits} <= due
             else:
                 assert not due
         return actions
@@ -346,6 +359,47 @@ class DeadlineMachine(RuleBasedStateMachine):
 
 
 DeadlineMachine.TestCase.settings = settings(
-    max_examples=120, stateful_step_count=40, deadline=None
+    max_examples=300, stateful_step_count=50, deadline=None
 )
 test_deadline_machine = DeadlineMachine.TestCase
+
+
+@pytest.mark.parametrize("at", ["consume", "head"])
+def test_the_coordinator_truncates_a_straggler_exactly_at_its_deadline(at: str) -> None:
+    """g0 and g1 start at version 0 with η_h = 1; g0 finishes, g1 straggles. Its deadline is
+    buffer 1: it is cut when buffer 1 becomes the head (``head``) or when the trainer asks for
+    buffer 1 (``consume``), and trained there with staleness 1."""
+    s = CoordinatorSettings(
+        policy="deadline",
+        staleness=1,
+        batch_size=1,
+        buffer_size=1,
+        group_size=1,
+        group_redundancy=1,
+        max_concurrent=4,
+        queue_size=100,
+        request_timeout=None,
+        max_failures=10,
+        soft_staleness=1,
+        deadline_slack=1,
+        admission_margin=0,
+        deadline_at=at,
+    )
+    c = Coordinator(build_policy(s), s)
+    c.handle(Submitted(0))
+    c.handle(Submitted(1))
+    c.handle(Dispatch(0.0, 0))
+    assert c.handle(MemberFinished(MemberId(0, 0), 1.0, "r0")) != []
+    cut = TruncateMember(MemberId(1, 0), "deadline")
+    first = c.handle(BatchWanted(1, 2.0))
+    assert isinstance(first[0], HandOverBatch) and (cut in first) == (at == "head")
+    second = c.handle(BatchWanted(1, 3.0))
+    assert (cut in second) == (at == "consume")
+    assert c.handle(BatchWanted(1, 4.0)) == []  # once: g1 is being cut
+    done = c.handle(MemberFinished(MemberId(1, 0), 5.0, "partial"))
+    assert done == [Wake()]
+    (batch, *_) = c.handle(BatchWanted(1, 6.0))
+    assert isinstance(batch, HandOverBatch) and batch.version == 1
+    (g1,) = batch.groups
+    assert g1.version == 0 and g1.members[0][2]  # staleness 1 = η_h, marked truncated
+    assert c.counts.deadline_groups == 1 and c.counts.truncated_trajectories == 1

@@ -17,7 +17,7 @@ from stalebound.core import ConfigError
 from stalebound.runtime import WorkflowExecutor
 
 
-def make(engine: Any, action: str = "truncate") -> WorkflowExecutor:
+def make(engine: Any, action: str = "truncate", at: str = "consume") -> WorkflowExecutor:
     """B = 1, η_s = η_h = 1, one spare entry per buffer, no admission margin: g0 and g1 are admitted
     at version 0 and both reserve in buffer 1 (their deadline)."""
     config = RolloutConfig(
@@ -26,14 +26,17 @@ def make(engine: Any, action: str = "truncate") -> WorkflowExecutor:
         staleness=1,
         consumer_batch_size=1,
         group_size=1,
-        deadline=DeadlineConfig(slack=1, margin=0, action=action),
+        deadline=DeadlineConfig(slack=1, margin=0, action=action, at=at),
     )
     return WorkflowExecutor(config, engine).initialize()
 
 
-def test_a_straggler_is_truncated_at_its_deadline_and_its_partial_tokens_are_trained() -> None:
+@pytest.mark.parametrize("at", ["consume", "head"])
+def test_a_straggler_is_truncated_at_its_deadline_and_its_partial_tokens_are_trained(
+    at: str,
+) -> None:
     engine = ProtocolEngine()
-    with make(engine) as ex:
+    with make(engine, at=at) as ex:
         for name in ["g0", "g1"]:
             ex.submit(name, Episode())
         quiesce(ex, engine)
@@ -44,15 +47,19 @@ def test_a_straggler_is_truncated_at_its_deadline_and_its_partial_tokens_are_tra
         assert engine.aborts == []  # buffer 0 is not g1's deadline: nothing is cut yet
         first = ex.wait(1, timeout=60)  # consumes buffer 0: buffer 1, g1's deadline, is the head
         assert [t.data["prompt"] for t in first] == ["g0"] and not first[0].truncated
+        quiesce(ex, engine)
+        if at == "consume":  # g1 generates on while the trainer trains on batch 0
+            assert engine.aborts == [] and ex.statistics().deadline_groups == 0
+        else:
+            assert engine.aborts == [slow.rid]
+        (cut,) = ex.wait(1, timeout=60)  # the trainer asks for buffer 1: g1's deadline
         s = quiesce(ex, engine)
         assert engine.aborts == [slow.rid]
         assert s.deadline_groups == 1 and s.truncated_trajectories == 1
         assert s.aborted_requests == {"deadline": 1} and s.aborted_tokens == {}  # kept
-        (cut,) = ex.wait(1, timeout=60)
         assert cut.data["prompt"] == "g1" and cut.truncated
         assert cut.data["finish_reason"] == "abort" and cut.data["tokens"] == 3
         assert cut.version == 0 and cut.staleness == 1  # trained at its deadline, not later
-        s = ex.statistics()
         assert s.policy.violations == 0 and s.consumed_trajectories == 2
 
 
@@ -65,6 +72,8 @@ def test_abort_at_the_deadline_throws_the_straggler_away_and_counts_it() -> None
         engine.answer(engine.call("g0"))
         quiesce(ex, engine)
         ex.wait(1, timeout=60)
+        with pytest.raises(TimeoutError):  # asks for buffer 1: g1 is aborted, nothing to train
+            ex.wait(1, timeout=0.01)
         s = quiesce(ex, engine)
         assert s.deadline_groups == 1 and s.truncated_trajectories == 0
         assert s.cancelled_members == {"deadline": 1}

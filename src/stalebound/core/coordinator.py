@@ -131,13 +131,16 @@ class AdmissionGate(Protocol):
 class DeadlinePolicy(Protocol):
     """The hook a deadline policy implements on top of :class:`~stalebound.core.StalenessPolicy`.
 
-    Called with the new head version each time a buffer becomes the head (after a consume):
-    returns ``(group_id, verdict)`` for every running group whose deadline buffer is the head,
-    ``verdict`` ``"truncate"`` (force-complete with the partial output) or ``"abort"`` (counted as
-    wasted). The coordinator carries the verdicts out; the policy's own buffer operations
-    (pull-forward, defer, consume-due-first) happen inside its ``consume``."""
+    Called with the head version each time a buffer becomes the head (after a consume), and with
+    ``trainer_waiting=True`` each time the trainer asks for a batch the head cannot give yet:
+    returns ``(group_id, verdict)`` for running groups whose deadline buffer is the head (each
+    group at most once), ``verdict`` ``"truncate"`` (force-complete with the partial output) or
+    ``"abort"`` (counted as wasted). The coordinator carries the verdicts out; the policy's own
+    buffer operations (pull-forward, defer, consume-due-first) happen inside its ``consume``."""
 
-    def deadline_verdicts(self, head: int) -> Sequence[tuple[Hashable, str]]: ...
+    def deadline_verdicts(
+        self, head: int, *, trainer_waiting: bool = False
+    ) -> Sequence[tuple[Hashable, str]]: ...
 
 
 @dataclass
@@ -299,7 +302,7 @@ class Coordinator:
         self._buffer: StalenessBuffer | None = (
             policy.buffer if isinstance(policy, BufferPolicy) else None
         )
-        self._deadlines: Callable[[int], Sequence[tuple[Hashable, str]]] | None = getattr(
+        self._deadlines: Callable[..., Sequence[tuple[Hashable, str]]] | None = getattr(
             policy, "deadline_verdicts", None
         )
         self._queue: deque[tuple[int, Accept | None, int]] = deque()  # (sample, accept, retries)
@@ -745,14 +748,18 @@ class Coordinator:
             out.append(_WAKE)
             self._deadline_actions(ev.now, out)
             self._check_head(ev.now, out)
+        if given < ev.groups:  # the trainer waits on the head: a deadline policy may act now
+            self._deadline_actions(ev.now, out, trainer_waiting=True)
         return out
 
-    def _deadline_actions(self, now: float, out: list[Action]) -> None:
+    def _deadline_actions(
+        self, now: float, out: list[Action], *, trainer_waiting: bool = False
+    ) -> None:
         """The hook of a deadline policy (:class:`DeadlinePolicy`): carry out its verdicts for the
-        new head buffer."""
+        head buffer."""
         if self._deadlines is None:
             return
-        for gid, verdict in self._deadlines(self.policy.version):
+        for gid, verdict in self._deadlines(self.policy.version, trainer_waiting=trainer_waiting):
             g = self._groups.get(cast(int, gid))
             if g is None:
                 raise InvariantError(f"deadline verdict {verdict!r} for group {gid!r}: not running")

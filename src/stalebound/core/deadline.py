@@ -39,6 +39,7 @@ from stalebound.core.policy import (
 
 __all__ = [
     "DEADLINE_ACTIONS",
+    "DEADLINE_MOMENTS",
     "DEFAULT_MARGIN",
     "DEFAULT_SLACK",
     "DeadlineBoundPolicy",
@@ -46,6 +47,7 @@ __all__ = [
 ]
 
 DEADLINE_ACTIONS = ("truncate", "abort")
+DEADLINE_MOMENTS = ("consume", "head")
 DEFAULT_MARGIN = 1
 """Admission margin in groups (``rollout.deadline.margin``), chosen on the simulator's presets."""
 DEFAULT_SLACK = 0
@@ -97,6 +99,7 @@ class DeadlineBoundPolicy:
         *,
         action: str = "truncate",
         margin: int = 0,
+        at: str = "consume",
     ) -> None:
         problems = []
         if not isinstance(buffer, StalenessBuffer):
@@ -119,6 +122,11 @@ class DeadlineBoundPolicy:
                 f"rollout.deadline.action={action!r}: must be 'truncate' (keep the partial "
                 "output) or 'abort' (throw it away)"
             )
+        if at not in DEADLINE_MOMENTS:
+            problems.append(
+                f"rollout.deadline.at={at!r}: must be 'consume' (when the trainer asks for the "
+                "deadline buffer) or 'head' (when the deadline buffer becomes the head)"
+            )
         if not is_int(margin) or margin < 0:
             problems.append(f"rollout.deadline.margin={margin!r}: must be an integer ≥ 0 (groups)")
         if problems:
@@ -127,7 +135,8 @@ class DeadlineBoundPolicy:
         self.counter = counter
         self.action = action
         self.margin = margin
-        self._deadline_aborts = 0
+        self.at = at
+        self._sentenced: set[Hashable] = set()  # due groups given their verdict, still running
 
     # ------------------------------------------------------------------ the policy's surface
 
@@ -177,12 +186,14 @@ class DeadlineBoundPolicy:
         completed anywhere in the window."""
         self.buffer.occupy(group_id, payload, segment_versions=segment_versions)
         self.counter.accepted()
+        self._sentenced.discard(group_id)
         self._make_ready()
         return True
 
     def abort(self, group_id: Hashable, cause: str = "aborted") -> None:
         self.buffer.abort(group_id, cause)
         self.counter.rejected()
+        self._sentenced.discard(group_id)
         self._make_ready()
 
     def ready(self) -> bool:
@@ -197,15 +208,26 @@ class DeadlineBoundPolicy:
         for gid in buf.reserved_groups(v):
             buf.defer(gid)  # a due one (or one without room) stays: consume aborts it
         batch = buf.consume(due_first=True)
-        for _ in batch.aborted:
+        for gid in batch.aborted:
             self.counter.rejected()
+            self._sentenced.discard(gid)
         self._make_ready()
         return batch
 
-    def deadline_verdicts(self, head: int) -> Sequence[tuple[Hashable, str]]:
+    def deadline_verdicts(
+        self, head: int, *, trainer_waiting: bool = False
+    ) -> Sequence[tuple[Hashable, str]]:
         """The running groups whose deadline buffer ``V + η_h`` is ``head``, each with the
-        deadline action; called by the coordinator when ``head`` becomes the head."""
-        return [(gid, self.action) for gid in self._due_running(head)]
+        deadline action, each once. The coordinator asks when ``head`` becomes the head and when
+        the trainer waits for it; the policy acts at the moment ``at`` names: ``head`` (the
+        first) or ``consume`` (the second: a group keeps generating while the trainer trains on
+        the batch before its deadline buffer)."""
+        if trainer_waiting != (self.at == "consume") or self.staleness == 0:
+            return []  # η_h = 0 is synchronous training: the trainer waits for every group
+        due = [gid for gid in self._due_running(head) if gid not in self._sentenced]
+        if self.action == "truncate":
+            self._sentenced.update(due)
+        return [(gid, self.action) for gid in due]
 
     def is_running(self, group_id: Hashable) -> bool:
         return buffer_running(self.buffer, group_id)

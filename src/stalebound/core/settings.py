@@ -16,7 +16,12 @@ from typing import Any
 from stalebound.core.buffer import StalenessBuffer
 from stalebound.core.capacity import CapacityCounter
 from stalebound.core.checks import is_int
-from stalebound.core.deadline import DEADLINE_ACTIONS, DeadlineBoundPolicy, deadline_bounds
+from stalebound.core.deadline import (
+    DEADLINE_ACTIONS,
+    DEADLINE_MOMENTS,
+    DeadlineBoundPolicy,
+    deadline_bounds,
+)
 from stalebound.core.errors import ConfigError
 from stalebound.core.filters import GroupPostProcess, get_group_post_process
 from stalebound.core.policy import BufferPolicy, CapacityPolicy, StalenessPolicy
@@ -73,6 +78,9 @@ class CoordinatorSettings:
     """``deadline`` only: ``truncate`` or ``abort`` a group still running at its deadline."""
     admission_margin: int = 0
     """``deadline`` only: admit only while AReaL's capacity exceeds this many groups."""
+    deadline_at: str = "consume"
+    """``deadline`` only: act when the trainer asks for the deadline buffer (``consume``) or
+    when it becomes the head (``head``)."""
 
 
 def _per_rank(name: str, value: object, dp: int, problems: list[str]) -> int:
@@ -176,6 +184,11 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
         for name, value in (("slack", dl.slack), ("margin", dl.margin)):
             if not is_int(value) or value < 0:
                 problems.append(f"rollout.deadline.{name}={value!r}: must be an integer ≥ 0")
+        if dl.at not in DEADLINE_MOMENTS:
+            problems.append(
+                f"rollout.deadline.at={dl.at!r}: must be 'consume' (when the trainer asks for "
+                "the deadline buffer) or 'head' (when it becomes the head)"
+            )
         if dl.action not in DEADLINE_ACTIONS:
             problems.append(
                 f"rollout.deadline.action={dl.action!r}: must be 'truncate' (keep the partial "
@@ -213,6 +226,7 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
                 "deadline_slack": dl.slack,
                 "deadline_action": dl.action,
                 "admission_margin": dl.margin,
+                "deadline_at": dl.at,
             }
         ),
     )
@@ -252,7 +266,11 @@ def build_policy(
         if start_version:
             admission.version_recovered(start_version)
         return DeadlineBoundPolicy(
-            bounded, admission, action=s.deadline_action, margin=s.admission_margin
+            bounded,
+            admission,
+            action=s.deadline_action,
+            margin=s.admission_margin,
+            at=s.deadline_at,
         )
     if counter is None:
         counter = CapacityCounter(s.max_concurrent, s.batch_size, s.staleness)

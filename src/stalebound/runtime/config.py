@@ -97,7 +97,11 @@ class DeadlineConfig:
     slack: int = field(default=0, metadata=bounds(ge=0, fix="e.g. 0 (the default)"))
     """Entries per buffer beyond ``buffer_size``."""
     action: Literal["truncate", "abort"] = "truncate"
-    """What happens to a group still running when its deadline buffer becomes the head."""
+    """What happens to a group still running at its deadline: ``truncate`` keeps its partial
+    output (marked truncated), ``abort`` throws it away (counted as wasted)."""
+    at: Literal["consume", "head"] = "consume"
+    """When the deadline falls: when the trainer asks for the deadline buffer (``consume``), or
+    already when that buffer becomes the head, one training step earlier (``head``)."""
     margin: int = field(default=1, metadata=bounds(ge=0, fix="e.g. 1 (the default)"))
     """Admit only while AReaL's capacity exceeds this many groups."""
 

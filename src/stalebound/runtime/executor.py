@@ -151,7 +151,8 @@ class WorkflowExecutor(LoopThread):
                 "WorkflowExecutor to start again"
             )
         s = resolve_settings(self.config, train_data_parallel_size)
-        cuts = s.proactive == "truncate" or (s.policy, s.deadline_action) == ("deadline", "truncate")
+        deadline_cuts = s.policy == "deadline" and s.deadline_action == "truncate"
+        cuts = s.proactive == "truncate" or deadline_cuts
         if cuts and _method(self.inference_engine, "abort") is None:
             name = (
                 "proactive_filter.method='truncate'"
