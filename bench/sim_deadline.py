@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from typing import Any
 
 POLICIES = ("capacity", "deadline", "deadline-tight", "deadline-abort")
 HARD = {"capacity": "–", "deadline": "2η_s", "deadline-tight": "η_s", "deadline-abort": "2η_s"}
@@ -65,7 +66,7 @@ def table(path: str) -> None:
         for r in rows
         if r["policy"] == "capacity"
     }
-    groups: dict[tuple[str, int, str], list[dict]] = defaultdict(list)
+    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["preset"], r["eta_s"], r["policy"])].append(r)
     for preset in dict.fromkeys(r["preset"] for r in rows):

@@ -7,7 +7,7 @@ test chooses who straggles; ``abort`` returns the tokens generated so far
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -17,7 +17,11 @@ from stalebound.core import ConfigError
 from stalebound.runtime import WorkflowExecutor
 
 
-def make(engine: Any, action: str = "truncate", at: str = "consume") -> WorkflowExecutor:
+def make(
+    engine: Any,
+    action: Literal["truncate", "abort"] = "truncate",
+    at: Literal["consume", "head"] = "consume",
+) -> WorkflowExecutor:
     """B = 1, η_s = η_h = 1, one spare entry per buffer, no admission margin: g0 and g1 are admitted
     at version 0 and both reserve in buffer 1 (their deadline)."""
     config = RolloutConfig(
@@ -33,7 +37,7 @@ def make(engine: Any, action: str = "truncate", at: str = "consume") -> Workflow
 
 @pytest.mark.parametrize("at", ["consume", "head"])
 def test_a_straggler_is_truncated_at_its_deadline_and_its_partial_tokens_are_trained(
-    at: str,
+    at: Literal["consume", "head"],
 ) -> None:
     engine = ProtocolEngine()
     with make(engine, at=at) as ex:

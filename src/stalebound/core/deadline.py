@@ -33,6 +33,7 @@ from stalebound.core.errors import ConfigError, ProtocolError
 from stalebound.core.policy import (
     Admission,
     PolicyStatistics,
+    _not_a,
     buffer_running,
     buffer_statistics,
 )
@@ -102,11 +103,11 @@ class DeadlineBoundPolicy:
         at: str = "consume",
     ) -> None:
         problems = []
-        if not isinstance(buffer, StalenessBuffer):
+        if _not_a(StalenessBuffer, buffer):
             problems.append(f"buffer={buffer!r}: must be a StalenessBuffer")
-        if not isinstance(counter, CapacityCounter):
+        if _not_a(CapacityCounter, counter):
             problems.append(f"counter={counter!r}: must be a CapacityCounter")
-        elif isinstance(buffer, StalenessBuffer):
+        elif not _not_a(StalenessBuffer, buffer):
             if counter.max_staleness > buffer.staleness:
                 problems.append(
                     f"soft target {counter.max_staleness} > hard bound {buffer.staleness}: the "
