@@ -30,13 +30,7 @@ from stalebound.core.buffer import ConsumedBatch, StalenessBuffer
 from stalebound.core.capacity import CapacityCounter, RolloutStat
 from stalebound.core.checks import is_int
 from stalebound.core.errors import ConfigError, ProtocolError
-from stalebound.core.policy import (
-    Admission,
-    PolicyStatistics,
-    _not_a,
-    buffer_running,
-    buffer_statistics,
-)
+from stalebound.core.policy import Admission, BufferBacked, _not_a
 
 __all__ = [
     "DEADLINE_ACTIONS",
@@ -83,7 +77,7 @@ def deadline_bounds(soft: int | None, hard: int | None) -> tuple[int, int]:
     return soft, hard
 
 
-class DeadlineBoundPolicy:
+class DeadlineBoundPolicy(BufferBacked):
     """Soft admission at ``η_s``, hard bound at ``η_h`` (see the module docstring).
 
     ``buffer`` holds the hard bound (its ``staleness`` is ``η_h``, its ``buffer_size`` is
@@ -142,22 +136,9 @@ class DeadlineBoundPolicy:
     # ------------------------------------------------------------------ the policy's surface
 
     @property
-    def version(self) -> int:
-        return self.buffer.version
-
-    @property
-    def staleness(self) -> int:
-        """The hard bound η_h."""
-        return self.buffer.staleness
-
-    @property
     def soft_staleness(self) -> int:
-        """The soft admission target η_s."""
+        """The soft admission target η_s (the hard bound η_h is :attr:`staleness`)."""
         return self.counter.max_staleness
-
-    @property
-    def batch_size(self) -> int:
-        return self.buffer.batch_size
 
     def capacity(self, version: int | None = None) -> int:
         """AReaL's capacity at η_s less the margin, and never more than the buffer has room for
@@ -229,12 +210,6 @@ class DeadlineBoundPolicy:
         if self.action == "truncate":
             self._sentenced.update(due)
         return [(gid, self.action) for gid in due]
-
-    def is_running(self, group_id: Hashable) -> bool:
-        return buffer_running(self.buffer, group_id)
-
-    def statistics(self) -> PolicyStatistics:
-        return buffer_statistics(self.name, self.buffer)
 
     def snapshot(self) -> dict[str, Any]:
         """The buffer's snapshot, the counter's state and the knobs, as plain data."""

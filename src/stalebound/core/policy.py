@@ -28,6 +28,7 @@ from stalebound.core.errors import ConfigError, ProtocolError
 
 __all__ = [
     "Admission",
+    "BufferBacked",
     "BufferPolicy",
     "CapacityPolicy",
     "PolicyStatistics",
@@ -147,32 +148,48 @@ def _check_limit(name: str, value: int | None) -> None:
         raise ConfigError(f"{name}={value!r}: must be an integer ≥ 1 or None; None means no limit")
 
 
-def buffer_running(buffer: StalenessBuffer, group_id: Hashable) -> bool:
-    """Whether a group holds a RESERVED entry of ``buffer`` (it is generating)."""
-    where = buffer.lookup(group_id)
-    return where is not None and where[0] is EntryState.RESERVED
+class BufferBacked:
+    """What a policy backed by a :class:`StalenessBuffer` reads from it: the version, the bound,
+    the batch size, which groups run, and every count it reports."""
+
+    name: str
+    buffer: StalenessBuffer
+
+    @property
+    def version(self) -> int:
+        return self.buffer.version
+
+    @property
+    def staleness(self) -> int:
+        return self.buffer.staleness
+
+    @property
+    def batch_size(self) -> int:
+        return self.buffer.batch_size
+
+    def is_running(self, group_id: Hashable) -> bool:
+        where = self.buffer.lookup(group_id)
+        return where is not None and where[0] is EntryState.RESERVED
+
+    def statistics(self) -> PolicyStatistics:
+        s = self.buffer.statistics()
+        return PolicyStatistics(
+            policy=self.name,
+            version=s.version,
+            staleness=s.staleness,
+            running=s.reserved,
+            waiting=s.occupied,
+            admitted=s.reserved_total,
+            completed=s.occupied_total,
+            consumed=s.consumed_groups,
+            aborted=s.aborted,
+            dropped=s.dropped,
+            staleness_histogram=s.staleness_histogram,
+            violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness),
+        )
 
 
-def buffer_statistics(name: str, buffer: StalenessBuffer) -> PolicyStatistics:
-    """A buffer-backed policy's statistics: every count is the buffer's."""
-    s = buffer.statistics()
-    return PolicyStatistics(
-        policy=name,
-        version=s.version,
-        staleness=s.staleness,
-        running=s.reserved,
-        waiting=s.occupied,
-        admitted=s.reserved_total,
-        completed=s.occupied_total,
-        consumed=s.consumed_groups,
-        aborted=s.aborted,
-        dropped=s.dropped,
-        staleness_histogram=s.staleness_histogram,
-        violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness),
-    )
-
-
-class BufferPolicy:
+class BufferPolicy(BufferBacked):
     """PSRL's staleness buffer plus an optional concurrency limit on running groups.
 
     It keeps no counters or sets of its own: running groups are the buffer's RESERVED entries,
@@ -186,18 +203,6 @@ class BufferPolicy:
         _check_limit("max_concurrent", max_concurrent)
         self.buffer = buffer
         self.max_concurrent = max_concurrent
-
-    @property
-    def version(self) -> int:
-        return self.buffer.version
-
-    @property
-    def staleness(self) -> int:
-        return self.buffer.staleness
-
-    @property
-    def batch_size(self) -> int:
-        return self.buffer.batch_size
 
     def capacity(self, version: int | None = None) -> int:
         free = self.buffer.capacity(version)
@@ -233,12 +238,6 @@ class BufferPolicy:
     def consume(self) -> ConsumedBatch:
         """Consume buffer v; its surplus reservations are in ``aborted`` (the driver cancels them)."""
         return self.buffer.consume()
-
-    def is_running(self, group_id: Hashable) -> bool:
-        return buffer_running(self.buffer, group_id)
-
-    def statistics(self) -> PolicyStatistics:
-        return buffer_statistics(self.name, self.buffer)
 
     def snapshot(self) -> dict[str, Any]:
         """The whole state as plain data: the buffer's :meth:`~StalenessBuffer.snapshot` (its
