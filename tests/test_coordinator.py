@@ -107,11 +107,16 @@ def test_the_settings_defaults_live_in_the_core() -> None:
 
 
 class DeadlineBuffer(BufferPolicy):
-    """A stand-in deadline policy: names every running group of the new head buffer."""
+    """A stand-in deadline policy: names every running group of the new head buffer (when it
+    becomes the head, not again when the trainer waits for it)."""
 
     verdict = "truncate"
 
-    def deadline_verdicts(self, head: int) -> Sequence[tuple[Hashable, str]]:
+    def deadline_verdicts(
+        self, head: int, *, trainer_waiting: bool = False
+    ) -> Sequence[tuple[Hashable, str]]:
+        if trainer_waiting:
+            return []
         return [(g, self.verdict) for g in self.buffer.reserved_groups(head)]
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from stalebound import ConfigError, ProtocolError, StalenessBuffer
-from stalebound.config import RolloutConfig
+from stalebound.config import DeadlineConfig, RolloutConfig
 from stalebound.core import (
     CapacityCounter,
     Coordinator,
@@ -151,7 +151,7 @@ def test_bounds_from_either_setting(
 
 
 def test_bad_bounds_and_knobs_are_one_clear_error() -> None:
-    with pytest.raises(ConfigError, match=r"max_head_offpolicyness=5: the soft admission"):
+    with pytest.raises(ConfigError, match=r"rollout.deadline.target=5: the soft admission"):
         deadline_bounds(5, 2)
     with pytest.raises(ConfigError, match=r"rollout.deadline.action='drop'"):
         policy(action="drop")
@@ -160,16 +160,20 @@ def test_bad_bounds_and_knobs_are_one_clear_error() -> None:
 
 
 def test_resolved_from_the_rollout_config() -> None:
-    s = resolve_settings(RolloutConfig(staleness_policy="deadline", max_head_offpolicyness=4))
+    s = resolve_settings(
+        RolloutConfig(staleness_policy="deadline", staleness=8, deadline=DeadlineConfig(target=4))
+    )
     assert (s.soft_staleness, s.staleness, s.admission_margin) == (4, 8, 1)
     p = build_policy(s)
     assert isinstance(p, DeadlineBoundPolicy)
     assert (p.soft_staleness, p.staleness) == (4, 8)
     s = resolve_settings(RolloutConfig(staleness_policy="deadline", staleness=3))
-    assert (s.soft_staleness, s.staleness) == (2, 3)
+    assert (s.soft_staleness, s.staleness) == (1, 3)  # η_s = η_h // 2 when no target is given
     with pytest.raises(ConfigError, match="soft admission target must be ≤ the hard bound"):
         resolve_settings(
-            RolloutConfig(staleness_policy="deadline", staleness=1, max_head_offpolicyness=3)
+            RolloutConfig(
+                staleness_policy="deadline", staleness=1, deadline=DeadlineConfig(target=3)
+            )
         )
 
 

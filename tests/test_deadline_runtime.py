@@ -26,11 +26,10 @@ def make(
     at version 0 and both reserve in buffer 1 (their deadline)."""
     config = RolloutConfig(
         staleness_policy="deadline",
-        max_head_offpolicyness=1,
         staleness=1,
         consumer_batch_size=1,
         group_size=1,
-        deadline=DeadlineConfig(slack=1, margin=0, action=action, at=at),
+        deadline=DeadlineConfig(target=1, slack=1, margin=0, action=action, at=at),
     )
     return WorkflowExecutor(config, engine).initialize()
 

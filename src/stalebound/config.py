@@ -19,6 +19,7 @@ from stalebound.core.errors import ConfigError
 from stalebound.engines.devices import device_problems
 from stalebound.runtime.config import (
     STALENESS_ALIASES,
+    DeadlineConfig,
     FilterGroupsConfig,
     GroupPostProcessConfig,
     ProactiveFilterConfig,
@@ -32,6 +33,7 @@ __all__ = [
     "ALIASES",
     "BENCH_RECIPE",
     "TRAIN_RECIPE",
+    "DeadlineConfig",
     "EngineConfig",
     "FilterGroupsConfig",
     "GroupPostProcessConfig",

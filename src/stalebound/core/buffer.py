@@ -593,7 +593,7 @@ class StalenessBuffer:
             return None
         nb, dst = found
         del self._buffers[b].reserved[group_id]
-        self._move(g, EntryOp.DEFER)
+        self._move(g, _DEFER)
         g.buffer = nb
         dst.reserved[group_id] = g
         self._deferred += 1
@@ -779,10 +779,7 @@ class StalenessBuffer:
         new = _NEXT[old][op]
         if new < 0:
             move(ENTRY_TRANSITIONS, _STATES[old], _OPS[op], g.group_id, error=error)
-        if old == _RESERVED:
-            self._reserved -= 1
-        elif new == _RESERVED:
-            self._reserved += 1
+        self._reserved += (new == _RESERVED) - (old == _RESERVED)  # DEFER: RESERVED to RESERVED
         g.state = new
 
     def _reserved_total(self) -> int:

@@ -102,9 +102,9 @@ class DeadlineBoundPolicy(BufferBacked):
         if _not_a(CapacityCounter, counter):
             problems.append(f"counter={counter!r}: must be a CapacityCounter")
         elif not _not_a(StalenessBuffer, buffer):
-            if counter.max_staleness > buffer.staleness:
+            if counter.staleness > buffer.staleness:
                 problems.append(
-                    f"soft target {counter.max_staleness} > hard bound {buffer.staleness}: the "
+                    f"soft target {counter.staleness} > hard bound {buffer.staleness}: the "
                     "soft admission target must be ≤ the hard bound"
                 )
             if counter.consumer_batch_size != buffer.batch_size:
@@ -138,7 +138,7 @@ class DeadlineBoundPolicy(BufferBacked):
     @property
     def soft_staleness(self) -> int:
         """The soft admission target η_s (the hard bound η_h is :attr:`staleness`)."""
-        return self.counter.max_staleness
+        return self.counter.staleness
 
     def capacity(self, version: int | None = None) -> int:
         """AReaL's capacity at η_s less the margin, and never more than the buffer has room for
@@ -217,7 +217,7 @@ class DeadlineBoundPolicy(BufferBacked):
         return {
             "policy": self.name,
             "buffer": self.buffer.snapshot(),
-            "soft_staleness": c.max_staleness,
+            "soft_staleness": c.staleness,
             "max_concurrent_rollouts": c.max_concurrent_rollouts,
             "stat": dict(vars(c.stat)),
             "action": self.action,

@@ -82,6 +82,20 @@ class CoordinatorSettings:
     """``deadline`` only: act when the trainer asks for the deadline buffer (``consume``) or
     when it becomes the head (``head``)."""
 
+    @property
+    def admission_staleness(self) -> int:
+        """The η AReaL's capacity arithmetic admits at: the bound, or the deadline policy's η_s."""
+        return self.staleness if self.soft_staleness is None else self.soft_staleness
+
+    def cuts_short(self) -> tuple[str, str] | None:
+        """The setting that cuts running generations short (it needs the engine's abort) and the
+        alternative without it; ``None`` when nothing does."""
+        if self.proactive == "truncate":
+            return "proactive_filter.method", "method=retry"
+        if self.policy == "deadline" and self.deadline_action == "truncate":
+            return "deadline.action", "deadline.action=abort"
+        return None
+
 
 def _per_rank(name: str, value: object, dp: int, problems: list[str]) -> int:
     if not is_int(value) or value < 1:  # type: ignore[operator]

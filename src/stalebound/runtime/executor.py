@@ -151,19 +151,12 @@ class WorkflowExecutor(LoopThread):
                 "WorkflowExecutor to start again"
             )
         s = resolve_settings(self.config, train_data_parallel_size)
-        deadline_cuts = s.policy == "deadline" and s.deadline_action == "truncate"
-        cuts = s.proactive == "truncate" or deadline_cuts
-        if cuts and _method(self.inference_engine, "abort") is None:
-            name = (
-                "proactive_filter.method='truncate'"
-                if s.proactive == "truncate"
-                else "deadline.action='truncate'"
-            )
+        cut = s.cuts_short()
+        if cut and _method(self.inference_engine, "abort") is None:
             raise ConfigError(
-                f"rollout.{name}: the inference engine "
+                f"rollout.{cut[0]}='truncate': the inference engine "
                 f"{type(self.inference_engine).__name__} has no abort(request_id), so running "
-                "generations cannot be cut short; use an engine with abort, or "
-                + ("method=retry" if s.proactive == "truncate" else "deadline.action=abort")
+                f"generations cannot be cut short; use {cut[1]}, or an engine with abort"
             )
         start = self._engine_version() if self._engine_version is not None else 0
         self._published = start
@@ -171,19 +164,16 @@ class WorkflowExecutor(LoopThread):
         if s.policy == "buffer":
             coord = Coordinator(build_policy(s, start), s, gate=manager)
         else:
-            # AReaL's manager is the admission counter: at η, or at the deadline policy's η_s
-            admits = s.staleness if s.soft_staleness is None else s.soft_staleness
             if manager is None:
                 manager = StalenessManager(
-                    self, s.max_concurrent, s.batch_size, admits, strict=True
+                    self, s.max_concurrent, s.batch_size, s.admission_staleness, strict=True
                 )
                 self.staleness_manager = manager
             with manager.lock:
                 policy = build_policy(s, start, counter=manager.counter)
             # the manager's limits are the policy's: report what is actually enforced
             s = replace(s, batch_size=policy.batch_size, staleness=policy.staleness)
-            if s.soft_staleness is not None:  # the deadline policy: the manager admits at η_s
-                s = replace(s, soft_staleness=manager.max_staleness)
+            s = replace(s, soft_staleness=getattr(policy, "soft_staleness", s.soft_staleness))
             coord = Coordinator(policy, s, guard=manager.lock)
         self._settings, self._coord = s, coord
         self._start_thread("stalebound-executor")
