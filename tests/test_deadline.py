@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from stalebound import ConfigError, ProtocolError, StalenessBuffer
-from stalebound.config import DeadlineConfig, RolloutConfig
+from stalebound.config import DeadlineConfig, RolloutConfig, load_config
 from stalebound.core import (
     CapacityCounter,
     Coordinator,
@@ -407,3 +407,20 @@ def test_the_coordinator_truncates_a_straggler_exactly_at_its_deadline(at: str) 
     (g1,) = batch.groups
     assert g1.version == 0 and g1.members[0][2]  # staleness 1 = η_h, marked truncated
     assert c.counts.deadline_groups == 1 and c.counts.truncated_trajectories == 1
+
+
+def test_a_target_above_the_bound_is_refused_when_the_config_loads() -> None:
+    with pytest.raises(ConfigError, match=r"rollout.deadline.target=5: the soft admission target"):
+        load_config(
+            overrides=[
+                "rollout.staleness_policy=deadline",
+                "rollout.staleness=4",
+                "rollout.deadline.target=5",
+            ]
+        )
+    # AReaL's spelling is the alias of the one bound under every policy: here the hard bound
+    c = load_config(
+        overrides=["rollout.staleness_policy=deadline", "rollout.max_head_offpolicyness=8"]
+    )
+    s = resolve_settings(c.rollout)
+    assert (s.soft_staleness, s.staleness) == (4, 8)

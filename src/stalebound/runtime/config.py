@@ -196,6 +196,15 @@ class RolloutConfig:
                     f"must be ≥ {floor_key} ({floor}): {why}",
                     f"use at least {floor}, or null for {same}",
                 )
+        target = self.deadline.target
+        if self.staleness_policy == "deadline" and target is not None and target > self.staleness:
+            yield Invalid(
+                "deadline.target",
+                f"the soft admission target must be ≤ the hard bound rollout.staleness "
+                f"({self.staleness})",
+                f"raise rollout.staleness to at least {target} (twice the target is the measured "
+                "default), or lower the target",
+            )
         if self.reject_stale_results and self.staleness_policy != "capacity":
             yield Invalid(
                 "reject_stale_results",
