@@ -83,7 +83,9 @@ async def _held_request(
     """A long greedy request, held mid-way (a few tries: a request can outrun the pause)."""
     for attempt in range(5):
         rid = f"{name}{attempt}"
-        task = asyncio.create_task(engine.agenerate(GenerateRequest(rid, PROMPT, _greedy(LONG))))
+        task = asyncio.create_task(
+            engine.agenerate(GenerateRequest(rid, PROMPT, _greedy(LONG))), name=rid
+        )
         seen = await _hold(engine, rid, task)
         if seen is not None:
             return task, seen
@@ -203,21 +205,21 @@ def test_abort_returns_the_partial_output(vllm_server: Server, reference: Any, a
     async def main() -> tuple[GenerateResponse, GenerateResponse | None, VLLMEngine]:
         engine = await _engine(vllm_server, api=api)
         try:
-            task = asyncio.create_task(
-                engine.agenerate(GenerateRequest("a", PROMPT, _greedy(LONG)))
-            )
-            await _wait_progress(engine, "a", 5, task)
-            partial = await engine.abort("a")
+            # held mid-way with the server paused, so the request cannot finish before the abort
+            task, seen = await _held_request(engine, "a")
+            rid = task.get_name()
+            partial = await engine.abort(rid)
             response = await task
+            await engine.resume()
             assert partial == response
-            assert await engine.abort("a") is None
+            assert await engine.abort(rid) is None
+            assert seen <= len(response.output_ids) < LONG
             return response, partial, engine
         finally:
             await engine.aclose()
 
     response, _, engine = asyncio.run(main())
     assert response.finish_reason == "abort"
-    assert 5 <= len(response.output_ids) < LONG
     _check_logprobs(reference, PROMPT, response)
     assert engine.statistics().aborts == 1
     assert engine.statistics().in_flight == 0
