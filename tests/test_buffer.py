@@ -451,3 +451,31 @@ def test_a_huge_staleness_bound_costs_memory_for_the_buffers_in_use_only() -> No
     restored = BufferPolicy(StalenessBuffer(batch_size=2, staleness=10**9))
     restored.load_snapshot(BufferPolicy(buf).snapshot())
     assert restored.is_running("b") and not restored.is_running("a")
+
+
+def test_every_entry_is_in_the_state_of_the_list_it_is_filed_in() -> None:
+    # The reserved count is derived from the buffers' lists, so check_invariants checks each
+    # entry's own state (the transition table's) against the list that files it.
+    from stalebound.core import InvariantError
+    from stalebound.core.buffer import _OCCUPIED
+
+    buf = StalenessBuffer(batch_size=2, staleness=1)
+    buf.try_reserve("a")
+    buf.try_reserve("b")
+    buf.occupy("b")
+    buf.check_invariants()
+    assert buf.reserved_count == 1 and buf.statistics().occupied == 1
+    buf._groups["a"].state = _OCCUPIED  # a move made behind the table's back
+    with pytest.raises(InvariantError, match="group 'a' is OCCUPIED, filed as RESERVED"):
+        buf.check_invariants()
+
+
+def test_consume_moves_a_batch_through_the_table_and_refuses_a_misfiled_entry() -> None:
+    from stalebound.core import InvariantError
+    from stalebound.core.buffer import _RESERVED
+
+    buf = StalenessBuffer(batch_size=2, staleness=0)
+    fill(buf, "a", "b")
+    buf._groups["b"].state = _RESERVED  # OCCUPIED by its list, RESERVED by its state
+    with pytest.raises(InvariantError, match="consume of 'b': not allowed from RESERVED"):
+        buf.consume()

@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from stalebound.core.checks import check_version, is_int
-from stalebound.core.errors import ConfigError, InvariantError, ProtocolError, StaleboundError
+from stalebound.core.errors import ConfigError, InvariantError, ProtocolError
 from stalebound.core.transitions import (
     ENTRY_TRANSITIONS,
     EntryOp,
@@ -198,7 +198,8 @@ _EMPTY, _RESERVED, _OCCUPIED = (_STATES.index(s) for s in EntryState)
 
 class _Entry:
     """The entry of one group in flight. ``buffer`` is where it is; ``seq`` is its occupy order.
-    ``state`` changes only through :meth:`StalenessBuffer._move` (the transition table)."""
+    It is created RESERVED (``EMPTY --reserve--> RESERVED``, read from the transition table);
+    ``state`` changes only through :func:`_move` / :func:`_move_all` (the table again)."""
 
     __slots__ = ("buffer", "group_id", "payload", "seq", "state", "version")
 
@@ -206,7 +207,7 @@ class _Entry:
         self.group_id = group_id
         self.version = version
         self.buffer = buffer
-        self.state = _EMPTY  # an index into _STATES
+        self.state = _NEXT[_EMPTY][_RESERVE]  # an entry comes to be by Reserve: RESERVED
         self.seq = -1
         self.payload: Any = None
 
@@ -221,6 +222,31 @@ def _by_seq(g: _Entry) -> int:
 
 def _by_deadline(g: _Entry) -> tuple[int, int]:
     return (g.version, g.seq)  # the deadline V + η orders as V
+
+
+def _move(g: _Entry, op: int) -> None:
+    """The one place an entry's state changes: looked up in the transition table (compiled to
+    indices, ``op`` an index into ``_OPS``); a move not in it raises :class:`InvariantError` (the
+    public operations check their callers' requests before they move anything)."""
+    new = _NEXT[g.state][op]
+    if new < 0:
+        move(ENTRY_TRANSITIONS, _STATES[g.state], _OPS[op], g.group_id, error=InvariantError)
+    g.state = new
+
+
+def _move_all(entries: list[_Entry], op: int) -> None:
+    """:func:`_move` for a batch (consume moves B entries at once): one table lookup when every
+    entry is in the same state, entry by entry (and the same errors) otherwise."""
+    if not entries:
+        return
+    old = entries[0].state
+    new = _NEXT[old][op]
+    if new < 0 or any(g.state != old for g in entries):
+        for g in entries:
+            _move(g, op)
+        return
+    for g in entries:
+        g.state = new
 
 
 class _Buffer:
@@ -266,7 +292,6 @@ class StalenessBuffer:
         self._v = start_version
         self._buffers: dict[int, _Buffer] = {}
         self._groups: dict[Hashable, _Entry] = {}
-        self._reserved = 0  # entries RESERVED now, kept by _move
         self._next_seq = 0
         self._occupied_total = 0
         self._consumed_groups = 0
@@ -299,7 +324,7 @@ class StalenessBuffer:
     @property
     def reserved_count(self) -> int:
         """Groups RESERVED now (generating), over the whole window."""
-        return self._reserved
+        return sum(len(b.reserved) for b in self._buffers.values())
 
     def lookup(self, group_id: Hashable) -> tuple[EntryState, int, int] | None:
         """``(state, buffer_version, group_version)`` of a group in flight, or ``None``."""
@@ -404,7 +429,6 @@ class StalenessBuffer:
                 return None
             b, buf = found
         g = _Entry(group_id, V, b)
-        self._move(g, _RESERVE)
         buf.reserved[group_id] = g
         groups[group_id] = g
         return Reservation(group_id, V, b)
@@ -473,7 +497,7 @@ class StalenessBuffer:
         self._next_seq = seq + 1
         g.seq = seq
         g.payload = payload
-        self._move(g, _OCCUPY)
+        _move(g, _OCCUPY)
         g.buffer = b
         buffers[b].occupied.append(g)  # the newest seq: the list stays in occupy order
         self._occupied_total += 1
@@ -492,7 +516,7 @@ class StalenessBuffer:
             buf.occupied.remove(g)
         else:
             del buf.reserved[group_id]
-        self._move(g, _ABORT)
+        _move(g, _ABORT)
         del self._groups[group_id]
         self._aborted[cause] += 1
 
@@ -527,13 +551,11 @@ class StalenessBuffer:
         surplus = tuple(buf.reserved)
         groups = self._groups
         hist = self._histogram
-        move_entry = self._move
+        _move_all(taken, _CONSUME)
         for g in taken:
-            move_entry(g, _CONSUME)
             del groups[g.group_id]
             hist[v - g.version] += 1
-        for gid in surplus:
-            move_entry(groups.pop(gid), _SURPLUS)
+        _move_all([groups.pop(gid) for gid in surplus], _SURPLUS)
         del self._buffers[v]
         self._v = v + 1
         self._consumed_groups += len(taken)
@@ -541,8 +563,8 @@ class StalenessBuffer:
         if surplus:
             self._aborted["surplus"] += len(surplus)
         dropped = [g for g in extra if not self._replace(g)]
+        _move_all(dropped, _DROP)
         for g in dropped:
-            move_entry(g, _DROP)
             del groups[g.group_id]
         self._dropped += len(dropped)
         return ConsumedBatch(
@@ -572,7 +594,7 @@ class StalenessBuffer:
             src = self._buffers.get(bv)
             while src and src.occupied and self._accepts(dst):
                 g = src.occupied.pop(0)
-                self._move(g, _PULL_FORWARD)
+                _move(g, _PULL_FORWARD)
                 g.buffer = target
                 insort(dst.occupied, g, key=_by_seq)
                 moved.append(g.group_id)
@@ -593,7 +615,7 @@ class StalenessBuffer:
             return None
         nb, dst = found
         del self._buffers[b].reserved[group_id]
-        self._move(g, _DEFER)
+        _move(g, _DEFER)
         g.buffer = nb
         dst.reserved[group_id] = g
         self._deferred += 1
@@ -607,8 +629,8 @@ class StalenessBuffer:
             batch_size=self.batch_size,
             buffer_size=self.buffer_size,
             staleness=self.staleness,
-            reserved=self._reserved,
-            occupied=len(self._groups) - self._reserved,
+            reserved=(reserved := self.reserved_count),
+            occupied=len(self._groups) - reserved,
             capacity=self.capacity(),
             reserved_total=self._reserved_total(),
             occupied_total=self._occupied_total,
@@ -731,10 +753,9 @@ class StalenessBuffer:
             )
         g = _Entry(gid, version, bv)
         buf = self._buffers.setdefault(bv, _Buffer())
-        self._move(g, _RESERVE)
         if "seq" in item:
             g.seq, g.payload = int(item["seq"]), item.get("payload")
-            self._move(g, _OCCUPY)
+            _move(g, _OCCUPY)
             insort(buf.occupied, g, key=_by_seq)
         else:
             buf.reserved[gid] = g
@@ -758,29 +779,23 @@ class StalenessBuffer:
             seqs = [g.seq for g in buf.occupied]
             if seqs != sorted(seqs):
                 raise InvariantError(f"buffer {bv} occupied entries out of occupy order")
+            for filed, entries in ((_RESERVED, buf.reserved.values()), (_OCCUPIED, buf.occupied)):
+                for g in entries:
+                    if g.state != filed:
+                        raise InvariantError(
+                            f"group {g.group_id!r} is {_STATES[g.state].name}, filed as "
+                            f"{_STATES[filed].name} in buffer {bv}"
+                        )
             for g in [*buf.reserved.values(), *buf.occupied]:
                 if self._groups.get(g.group_id) is not g or g.buffer != bv:
                     raise InvariantError(f"group {g.group_id!r} misfiled in buffer {bv}")
                 if bv > g.version + bound:
                     raise InvariantError(f"group {g.group_id!r} (version {g.version}) in {bv}")
             seen += len(buf.reserved) + len(buf.occupied)
-        reserved = sum(len(buf.reserved) for buf in self._buffers.values())
-        if reserved != self._reserved:
-            raise InvariantError(f"{reserved} entries RESERVED, {self._reserved} counted")
         if seen != len(self._groups):
             raise InvariantError(f"{seen} entries filed, {len(self._groups)} groups in flight")
 
     # --------------------------------------------------------------- helpers
-
-    def _move(self, g: _Entry, op: int, error: type[StaleboundError] = InvariantError) -> None:
-        """The one place an entry's state changes: looked up in the transition table (compiled
-        to indices, ``op`` an index into ``_OPS``); a move not in it raises ``error``."""
-        old = g.state
-        new = _NEXT[old][op]
-        if new < 0:
-            move(ENTRY_TRANSITIONS, _STATES[old], _OPS[op], g.group_id, error=error)
-        self._reserved += (new == _RESERVED) - (old == _RESERVED)  # DEFER: RESERVED to RESERVED
-        g.state = new
 
     def _reserved_total(self) -> int:
         """Every group ever reserved ends exactly once, so the count is derived, not kept."""
@@ -822,7 +837,7 @@ class StalenessBuffer:
         b = self._find_place(g.version + self.staleness)
         if b is None:
             return False
-        self._move(g, _REPLACE)
+        _move(g, _REPLACE)
         g.buffer = b
         insort(self._buffers[b].occupied, g, key=_by_seq)
         self._replaced += 1
