@@ -307,10 +307,9 @@ class Coordinator:
         )
         self._queue: deque[tuple[int, Accept | None, int]] = deque()  # (sample, accept, retries)
         self._groups: dict[int, _GroupRun] = {}  # running, in admission order
-        self._life: dict[int, int] = {}  # running and completed groups: state indices
-        self._sample_of: dict[int, int] = {}  # group id → sample index, until it ends
+        # running and completed groups, until they end: group id → (state index, sample index)
+        self._life: dict[int, tuple[int, int]] = {}
         self._next_gid = 0
-        self._running_members = 0
         self._paused = False
         self._stopped: str | None = None
         self._recent: deque[str] = deque(maxlen=_RECENT_FAILURES)
@@ -380,7 +379,7 @@ class Coordinator:
 
     @property
     def running_members(self) -> int:
-        return self._running_members
+        return self._tracker.running_members()
 
     @property
     def buffer(self) -> StalenessBuffer | None:
@@ -468,8 +467,7 @@ class Coordinator:
         out: list[Action],
     ) -> None:
         self._groups[gid] = _GroupRun(gid, sample, accept, retries, version, now)
-        self._life[gid] = _group_move(_QUEUED, _ADMIT, gid)
-        self._sample_of[gid] = sample
+        self._life[gid] = (_group_move(_QUEUED, _ADMIT, gid), sample)
         if self._stragglers is not None:
             self._stragglers.reserved(gid)
         if self._gate is not None:
@@ -481,7 +479,6 @@ class Coordinator:
             out.append(ArmTimer(WATCHDOG_TIMER, now + watchdog))
         out.append(StartGroup(gid, sample, version, buffer_version))
         members = self._tracker.start(gid, version)
-        self._running_members += len(members)
         self.counts.launched_members += len(members)
         out.extend(LaunchMember(m, version) for m in members)
 
@@ -505,7 +502,6 @@ class Coordinator:
                 "already settled; a member aborted on purpose sends no event)"
             )
         done = self._tracker.finish(member, ev.result)
-        self._running_members -= 1
         self.counts.finished_members += 1
         g.progress = ev.now
         if ev.versions is not None:
@@ -527,7 +523,6 @@ class Coordinator:
                 "already settled; a member aborted on purpose sends no event)"
             )
         outcome = self._tracker.fail(member, ev.cause, version=ev.version)
-        self._running_members -= 1
         self.counts.member_failures[ev.cause] += 1
         out: list[Action] = []
         if outcome is None:
@@ -535,7 +530,6 @@ class Coordinator:
         if isinstance(outcome, Relaunch):
             self.counts.relaunched_members += 1
             self.counts.launched_members += 1
-            self._running_members += 1
             out.append(LaunchMember(outcome.member, outcome.version, relaunch=True))
             if g.truncating:  # a relaunch of a group being truncated: cut it short too
                 self._mark_truncated(g, outcome.member.number)
@@ -607,7 +601,8 @@ class Coordinator:
         except ProtocolError as e:  # the engine reported versions outside [V, v]
             self._settle_failed(gid, "bad_versions", f"group {gid}: {e}", now, out)
             return
-        self._life[gid] = _group_move(self._life[gid], _COMPLETE, gid)
+        state, sample = self._life[gid]
+        self._life[gid] = (_group_move(state, _COMPLETE, gid), sample)
         if self._stragglers is not None:
             assert self._buffer is not None
             self._stragglers.forget(gid)
@@ -679,11 +674,12 @@ class Coordinator:
 
     def _end(self, gid: int, op: int, cause: str, out: list[Action]) -> None:
         """A group's life ends (through the transition table); report its item if untrained."""
-        state = self._life.pop(gid, None)
-        if state is not None:
-            _group_move(state, op, gid)
-        sample = self._sample_of.pop(gid, None)
-        if sample is not None and cause not in _NOT_AN_OUTCOME:
+        life = self._life.pop(gid, None)
+        if life is None:
+            return
+        state, sample = life
+        _group_move(state, op, gid)
+        if cause not in _NOT_AN_OUTCOME:
             out.append(ReportDrop(gid, sample, cause if cause in OUTCOMES else "failed"))
 
     def _unlist(self, gid: int) -> _GroupRun | None:
@@ -691,7 +687,6 @@ class Coordinator:
 
     def _abort_members(self, members: Sequence[MemberId], cause: str, out: list[Action]) -> None:
         for m in members:
-            self._running_members -= 1
             self.counts.cancelled_members[cause] += 1
             out.append(AbortRequest(m, cause))
 
@@ -728,18 +723,19 @@ class Coordinator:
                 self._end(gid, _SURPLUS, "surplus", out)
                 out.append(AbortGroup(gid, "surplus"))
             for gid in batch.dropped:
-                if gid in self._sample_of:  # not counted yet (the capacity policy counts at once)
+                if gid in self._life:  # not counted yet (the capacity policy counts at once)
                     c.dropped_groups += 1
                     self._end(gid, _DROP, "dropped", out)
             c.consumed_batches += 1
-            samples, life = self._sample_of, self._life
+            life = self._life
             handed = []
             n = 0
             for g in batch.groups:
                 gid = cast(int, g.group_id)
-                _group_move(life.pop(gid, _QUEUED), _CONSUME, gid, InvariantError)
+                state, sample = life.pop(gid, (_QUEUED, -1))
+                _group_move(state, _CONSUME, gid, InvariantError)
                 members: tuple[HandedMember, ...] = g.payload
-                handed.append(HandedGroup(gid, samples.pop(gid, -1), g.version, members))
+                handed.append(HandedGroup(gid, sample, g.version, members))
                 n += len(members)
             c.consumed_groups += len(batch.groups)
             c.consumed_trajectories += n
@@ -966,7 +962,7 @@ class Coordinator:
             "policy_state": policy_state,
             "running": [(gid, g.sample, g.retries) for gid, g in running],
             "queued": self.queued_items(),
-            "samples": {g: i for g, i in self._sample_of.items() if g not in self._groups},
+            "samples": {g: i for g, (_, i) in self._life.items() if g not in self._groups},
             "next_group_id": self._next_gid,
             "counts": self.counts.totals(),
             "by_cause": {k: dict(v) for k, v in self.counts.by_cause().items()},
@@ -1014,8 +1010,7 @@ class Coordinator:
             setattr(c, k, Counter({str(cause): int(n) for cause, n in m.items()}))
         c.resumed_groups += len(running)
         self.counts = c
-        self._sample_of = {int(g): int(i) for g, i in samples.items()}
-        self._life = dict.fromkeys(self._sample_of, _COMPLETED)
+        self._life = {int(g): (_COMPLETED, int(i)) for g, i in samples.items()}
         self._next_gid = int(next_group_id)
         for sample, retries in pending:
             self._queue.append((int(sample), accept, int(retries)))

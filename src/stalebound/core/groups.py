@@ -127,6 +127,10 @@ class GroupTracker:
         self._groups[group_id] = g
         return tuple(self._launch(group_id, g, version) for _ in range(self.group_redundancy))
 
+    def running_members(self) -> int:
+        """Members running now, over every group in flight."""
+        return sum(len(g.running) for g in self._groups.values())
+
     def running(self, group_id: Hashable) -> tuple[MemberId, ...]:
         """Members of a group still running."""
         return tuple(MemberId(group_id, i) for i in self._group("running", group_id).running)
