@@ -159,6 +159,23 @@ def test_bad_bounds_and_knobs_are_one_clear_error() -> None:
         policy(margin=-1)
 
 
+def test_the_resolver_and_the_policy_refuse_bad_knobs_with_the_same_lines() -> None:
+    bad = DeadlineConfig(action="drop", at="x", margin=-1, slack=-2)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as resolved:
+        resolve_settings(RolloutConfig(staleness_policy="deadline", deadline=bad))
+    assert [p.split(":")[0] for p in resolved.value.problems] == [
+        "rollout.deadline.slack=-2",
+        "rollout.deadline.margin=-1",
+        "rollout.deadline.action='drop'",
+        "rollout.deadline.at='x'",
+    ]
+    with pytest.raises(ConfigError) as built:
+        DeadlineBoundPolicy(
+            StalenessBuffer(2, 2), CapacityCounter(8, 2, 1), action="drop", at="x", margin=-1
+        )
+    assert built.value.problems == resolved.value.problems[1:]
+
+
 def test_resolved_from_the_rollout_config() -> None:
     s = resolve_settings(
         RolloutConfig(staleness_policy="deadline", staleness=8, deadline=DeadlineConfig(target=4))

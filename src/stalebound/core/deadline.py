@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_SLACK",
     "DeadlineBoundPolicy",
     "deadline_bounds",
+    "deadline_knob_problems",
 ]
 
 DEADLINE_ACTIONS = ("truncate", "abort")
@@ -77,6 +78,29 @@ def deadline_bounds(soft: int | None, hard: int | None) -> tuple[int, int]:
     return soft, hard
 
 
+def deadline_knob_problems(
+    *, action: object, at: object, margin: object, slack: object = 0
+) -> list[str]:
+    """What is wrong with the deadline settings, as ``rollout.deadline.name=value: why`` lines:
+    the one check the settings resolver and :class:`DeadlineBoundPolicy` share."""
+    problems = [
+        f"rollout.deadline.{name}={value!r}: must be an integer ≥ 0 (groups)"
+        for name, value in (("slack", slack), ("margin", margin))
+        if not is_int(value) or value < 0  # type: ignore[operator]
+    ]
+    if action not in DEADLINE_ACTIONS:
+        problems.append(
+            f"rollout.deadline.action={action!r}: must be 'truncate' (keep the partial output) "
+            "or 'abort' (throw it away)"
+        )
+    if at not in DEADLINE_MOMENTS:
+        problems.append(
+            f"rollout.deadline.at={at!r}: must be 'consume' (when the trainer asks for the "
+            "deadline buffer) or 'head' (when the deadline buffer becomes the head)"
+        )
+    return problems
+
+
 class DeadlineBoundPolicy(BufferBacked):
     """Soft admission at ``η_s``, hard bound at ``η_h`` (see the module docstring).
 
@@ -112,18 +136,7 @@ class DeadlineBoundPolicy(BufferBacked):
                     f"counter.consumer_batch_size={counter.consumer_batch_size}: must equal the "
                     f"buffer's batch_size={buffer.batch_size}"
                 )
-        if action not in DEADLINE_ACTIONS:
-            problems.append(
-                f"rollout.deadline.action={action!r}: must be 'truncate' (keep the partial "
-                "output) or 'abort' (throw it away)"
-            )
-        if at not in DEADLINE_MOMENTS:
-            problems.append(
-                f"rollout.deadline.at={at!r}: must be 'consume' (when the trainer asks for the "
-                "deadline buffer) or 'head' (when the deadline buffer becomes the head)"
-            )
-        if not is_int(margin) or margin < 0:
-            problems.append(f"rollout.deadline.margin={margin!r}: must be an integer ≥ 0 (groups)")
+        problems += deadline_knob_problems(action=action, at=at, margin=margin)
         if problems:
             raise ConfigError(problems)
         self.buffer = buffer

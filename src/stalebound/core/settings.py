@@ -17,10 +17,9 @@ from stalebound.core.buffer import StalenessBuffer
 from stalebound.core.capacity import CapacityCounter
 from stalebound.core.checks import is_int
 from stalebound.core.deadline import (
-    DEADLINE_ACTIONS,
-    DEADLINE_MOMENTS,
     DeadlineBoundPolicy,
     deadline_bounds,
+    deadline_knob_problems,
 )
 from stalebound.core.errors import ConfigError
 from stalebound.core.filters import GroupPostProcess, get_group_post_process
@@ -195,19 +194,9 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
     for name in ("watchdog_timeout_s", "progress_log_s"):
         _seconds(name, getattr(config, name), problems, ", or None")
     if dl is not None and policy == "deadline":
-        for name, value in (("slack", dl.slack), ("margin", dl.margin)):
-            if not is_int(value) or value < 0:
-                problems.append(f"rollout.deadline.{name}={value!r}: must be an integer ≥ 0")
-        if dl.at not in DEADLINE_MOMENTS:
-            problems.append(
-                f"rollout.deadline.at={dl.at!r}: must be 'consume' (when the trainer asks for "
-                "the deadline buffer) or 'head' (when it becomes the head)"
-            )
-        if dl.action not in DEADLINE_ACTIONS:
-            problems.append(
-                f"rollout.deadline.action={dl.action!r}: must be 'truncate' (keep the partial "
-                "output) or 'abort' (throw it away)"
-            )
+        problems += deadline_knob_problems(
+            slack=dl.slack, margin=dl.margin, at=dl.at, action=dl.action
+        )
     if problems:
         raise ConfigError(problems)
     return CoordinatorSettings(
