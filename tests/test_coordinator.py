@@ -164,3 +164,22 @@ def test_a_restored_coordinator_decides_on_the_restored_buffer() -> None:
     assert d.queued_items() == [(1, 0)] and d.counts.resumed_groups == 1
     restarted = of(ev.StartGroup, d.handle(ev.Dispatch(3.0, d.version)))
     assert [a.sample for a in restarted] == [1] and restarted[0].group_id == 2
+
+
+def test_an_event_class_with_a_field_the_fast_init_would_skip_is_refused() -> None:
+    from dataclasses import field
+
+    from stalebound.core.events import _frozen
+
+    with pytest.raises(TypeError, match=r"Bad.extra: an event or action takes plain fields"):
+
+        @_frozen
+        class Bad:
+            extra: list[int] = field(default_factory=list)
+
+    @_frozen
+    class Good:
+        n: int
+        why: str = "x"
+
+    assert (Good(1).n, Good(1).why, Good(2, "y").why) == (1, "x", "y")

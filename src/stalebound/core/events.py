@@ -83,6 +83,12 @@ def _frozen(cls: _C) -> _C:
     namespace: dict[str, Any] = {}
     params, body = [], []
     for f in fields(made):
+        if f.default_factory is not MISSING or not f.init or hasattr(made, "__post_init__"):
+            raise TypeError(
+                f"{made.__qualname__}.{f.name}: an event or action takes plain fields with plain "
+                "defaults (no default_factory, init=False or __post_init__, which the generated "
+                "__init__ would skip); give a plain default or build the value in the driver"
+            )
         namespace[f"_set_{f.name}"] = getattr(made, f.name).__set__
         if f.default is MISSING:
             params.append(f.name)
