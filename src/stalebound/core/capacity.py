@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stalebound.core.checks import is_int
+from stalebound.core.checks import check_version, is_int
 from stalebound.core.errors import ConfigError, ProtocolError
 
 __all__ = ["CapacityCounter", "RolloutStat"]
@@ -51,8 +51,7 @@ class CapacityCounter:
 
     def capacity(self, version: int) -> int:
         """New rollouts that may start now at training version ``version``; may be ≤ 0."""
-        if not is_int(version) or version < 0:
-            raise ProtocolError(f"capacity({version!r}): the version must be an int ≥ 0")
+        check_version("capacity", version)
         s = self.stat
         concurrency = max(1, self.max_concurrent_rollouts) - s.running
         staleness = (self.staleness + version + 1) * max(1, self.consumer_batch_size) - (
@@ -84,10 +83,7 @@ class CapacityCounter:
 
     def version_recovered(self, version: int) -> None:
         """After resuming at ``version``: count the batches already trained as accepted."""
-        if not is_int(version) or version < 0:
-            raise ProtocolError(
-                f"on_version_recovered({version!r}): the version must be an int ≥ 0"
-            )
+        check_version("on_version_recovered", version)
         self.stat.accepted = version * max(1, self.consumer_batch_size)
 
     def _need(self, op: str, counter: str) -> None:
