@@ -764,3 +764,37 @@ def test_submissions_from_many_threads_are_all_trained() -> None:
             (k, i) for k in range(4) for i in range(50)
         )
         assert all(t.staleness <= 3 for t in trained)
+
+
+def test_a_trajectory_whose_versions_cannot_be_read_stops_the_executor_naming_the_member() -> None:
+    class Unreadable:
+        async def arun_episode(self, engine: Any, data: Any) -> Any:
+            return {"data": data, "versions": 5}  # not a sequence
+
+    with make(ScriptedEngine()) as ex:
+        ex.submit("x", Unreadable())
+        with pytest.raises(RolloutError, match=r"handling the outcome of .* failed: TypeError"):
+            ex.wait(1, timeout=20)
+
+
+def test_an_engine_that_dies_while_a_member_fails_stops_the_executor() -> None:
+    """The generation version of a relaunch is read from the engine when a member fails: an
+    engine that cannot answer then stops the executor, naming the member (nothing hangs)."""
+
+    class Dying(ScriptedEngine):
+        dead = False
+
+        def get_version(self) -> int:
+            if self.dead:
+                raise ConnectionError("engine gone")
+            return super().get_version()
+
+    class DiesThenFails:
+        async def arun_episode(self, engine: Any, data: Any) -> Any:
+            engine.dead = True
+            raise RuntimeError("boom")
+
+    with make(Dying()) as ex:
+        ex.submit("x", DiesThenFails())
+        with pytest.raises(RolloutError, match=r"handling the outcome of .* ConnectionError"):
+            ex.wait(1, timeout=20)

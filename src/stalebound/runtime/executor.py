@@ -201,10 +201,9 @@ class WorkflowExecutor(LoopThread):
         """
         ev_ = self._engine_version() if self._engine_version is not None else self._published
         coord = self._coord
-        if coord is None:
+        if coord is None or ev_ < (v := coord.policy.version):
             return ev_
-        v = coord.policy.version
-        return ev_ if ev_ < v else v
+        return v
 
     def set_version(self, version: int) -> None:
         """New weights of ``version`` are published: forward to the engine and wake the dispatcher.
@@ -410,18 +409,19 @@ class WorkflowExecutor(LoopThread):
         assert self._loop is not None
         return self._loop.time()
 
-    def _guarded(self, event: ev.Event, what: str, arg: object) -> None:
-        """:meth:`_handle` (inlined: every trajectory takes this path) from a callback; a failure
-        stops the executor loudly, naming ``what % arg``."""
+    def _guarded(self, event: Callable[[], ev.Event], what: str, arg: object) -> None:
+        """:meth:`_handle` of ``event()`` (inlined: every trajectory takes this path); a failure,
+        building the event too, stops the executor loudly, naming ``what % (arg,)``."""
         try:
-            actions = self._coord.handle(event)  # type: ignore[union-attr]
+            event_ = event()
+            actions = self._coord.handle(event_)  # type: ignore[union-attr]
             if self.action_log is not None:
-                self.action_log(event, actions)
+                self.action_log(event_, actions)
             for action in actions:
                 self._carry_out[type(action)](action)
         except Exception as e:
-            logger.exception("%s failed", what % arg)
-            self._handle(ev.StopRequested(f"{what % arg} failed: {e!r}", self._now()))
+            logger.exception("%s failed", what % (arg,))
+            self._handle(ev.StopRequested(f"{what % (arg,)} failed: {e!r}", self._now()))
 
     async def _dispatch_forever(self) -> None:
         wake = self._wake
@@ -480,20 +480,22 @@ class WorkflowExecutor(LoopThread):
     def _member_ended(
         self, m: MemberTask, result: Any, failure: BaseException | str | None
     ) -> None:
-        """An episode ended by itself (or timed out): tell the coordinator."""
-        now = self._loop.time()  # type: ignore[union-attr]
-        event: ev.Event
-        if failure is None and result is not None:  # the common case, without a call
-            event = ev.MemberFinished(m.mid, now, result, token_versions(result))
-        else:
-            event = outcome_event(m, result, failure, now, self.get_version)
+        """An episode ended by itself (or timed out): tell the coordinator, guarded (its group
+        has let it go: a failure reading its versions or the engine's must not vanish)."""
+
+        def event() -> ev.Event:
+            now = self._loop.time()  # type: ignore[union-attr]
+            if failure is None and result is not None:  # the common case, without a call
+                return ev.MemberFinished(m.mid, now, result, token_versions(result))
+            return outcome_event(m, result, failure, now, self.get_version)
+
         self._guarded(event, "handling the outcome of %s", m.mid)
 
     def _progressed(self, member: MemberId) -> None:
         self._handle(ev.MemberProgress(member, self._now()))
 
     def _timer_fired(self, timer: str) -> None:
-        self._guarded(ev.TimerFired(timer, self._now()), "the %s timer", timer)
+        self._guarded(lambda: ev.TimerFired(timer, self._now()), "the %s timer", timer)
 
     # ------------------------------------------------------------------ actions out
 
