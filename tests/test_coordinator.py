@@ -183,3 +183,11 @@ def test_an_event_class_with_a_field_the_fast_init_would_skip_is_refused() -> No
         why: str = "x"
 
     assert (Good(1).n, Good(1).why, Good(2, "y").why) == (1, "x", "y")
+
+
+def test_a_driver_draws_one_item_more_than_admission_takes_within_the_gate() -> None:
+    c = coordinator(consumer_batch_size=2, max_head_offpolicyness=0, group_size=1)
+    free = c.capacity(0)
+    assert free > 0
+    assert c.items_wanted(0, None) == free + 1  # the one more is refused: admission shows it
+    assert c.items_wanted(0, 1) == 1  # the gate (AReaL's manager) bounds it

@@ -402,6 +402,13 @@ class Coordinator:
         with self._guard:
             return self.policy.capacity(version)
 
+    def items_wanted(self, version: int, budget: int | None) -> int:
+        """How many items the queue should hold before a :class:`Dispatch` at ``version``, for a
+        driver drawing from a data loader: as many as admission will take and one more it
+        refuses (as submitting item by item would), at most ``budget`` (the gate's capacity)."""
+        want = max(self.capacity(version), 0) + 1
+        return want if budget is None else min(want, budget)
+
     def policy_statistics(self) -> PolicyStatistics:
         """The policy's statistics (read under the guard)."""
         with self._guard:

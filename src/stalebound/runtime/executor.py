@@ -449,10 +449,7 @@ class WorkflowExecutor(LoopThread):
         budget = gate.get_capacity() if gate is not None else None
         source = self._source
         if source is not None:
-            # as many as admission will take, and one more it refuses (as item-by-item would)
-            want = max(coord.capacity(version), 0) + 1
-            if budget is not None:
-                want = min(want, budget)
+            want = coord.items_wanted(version, budget)
             while coord.queued < want:
                 try:
                     with self._intake_lock:

@@ -753,10 +753,7 @@ class Simulation:
         if self.settings.policy == "capacity":
             budget = capacity if budget is None else min(budget, capacity)
         if self._prompts is None:
-            want = max(capacity, 0) + 1
-            if budget is not None:
-                want = min(want, budget)
-            self._intake(want - coord.queued)
+            self._intake(coord.items_wanted(version, budget) - coord.queued)
         else:
             self._intake(self._prompts - self._submitted)
         if coord.queued:
