@@ -798,3 +798,17 @@ def test_an_engine_that_dies_while_a_member_fails_stops_the_executor() -> None:
         ex.submit("x", DiesThenFails())
         with pytest.raises(RolloutError, match=r"handling the outcome of .* ConnectionError"):
             ex.wait(1, timeout=20)
+
+
+def test_a_failure_handling_a_published_version_stops_the_executor() -> None:
+    """set_version() does not wait for the loop: what goes wrong there reaches the trainer."""
+
+    def log(event: Any, actions: Any) -> None:
+        if type(event).__name__ == "VersionPublished":
+            raise RuntimeError("log broken")
+
+    config = RolloutConfig(group_size=1)
+    with WorkflowExecutor(config, ScriptedEngine(), action_log=log).initialize() as ex:
+        ex.set_version(1)
+        with pytest.raises(RolloutError, match=r"set_version\(1\) failed: RuntimeError"):
+            ex.wait(1, timeout=20)

@@ -23,6 +23,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any, TypeVar
 
 from stalebound.core import (
@@ -216,7 +217,7 @@ class WorkflowExecutor(LoopThread):
         if self._engine_set_version is not None:
             self._engine_set_version(version)
         self._published = version
-        self._soon(lambda: self._handle(ev.VersionPublished(version, self._now())))
+        self._soon(self._guarded, partial(ev.VersionPublished, version), "set_version(%s)", version)
 
     # ------------------------------------------------------------------ submission
 
@@ -409,11 +410,11 @@ class WorkflowExecutor(LoopThread):
         assert self._loop is not None
         return self._loop.time()
 
-    def _guarded(self, event: Callable[[], ev.Event], what: str, arg: object) -> None:
-        """:meth:`_handle` of ``event()`` (inlined: every trajectory takes this path); a failure,
+    def _guarded(self, event: Callable[[float], ev.Event], what: str, arg: object) -> None:
+        """:meth:`_handle` of ``event(now)`` (inlined: every trajectory takes this path); a failure,
         building the event too, stops the executor loudly, naming ``what % (arg,)``."""
         try:
-            event_ = event()
+            event_ = event(self._loop.time())  # type: ignore[union-attr]
             actions = self._coord.handle(event_)  # type: ignore[union-attr]
             if self.action_log is not None:
                 self.action_log(event_, actions)
@@ -480,8 +481,7 @@ class WorkflowExecutor(LoopThread):
         """An episode ended by itself (or timed out): tell the coordinator, guarded (its group
         has let it go: a failure reading its versions or the engine's must not vanish)."""
 
-        def event() -> ev.Event:
-            now = self._loop.time()  # type: ignore[union-attr]
+        def event(now: float) -> ev.Event:
             if failure is None and result is not None:  # the common case, without a call
                 return ev.MemberFinished(m.mid, now, result, token_versions(result))
             return outcome_event(m, result, failure, now, self.get_version)
@@ -492,7 +492,7 @@ class WorkflowExecutor(LoopThread):
         self._handle(ev.MemberProgress(member, self._now()))
 
     def _timer_fired(self, timer: str) -> None:
-        self._guarded(lambda: ev.TimerFired(timer, self._now()), "the %s timer", timer)
+        self._guarded(partial(ev.TimerFired, timer), "the %s timer", timer)
 
     # ------------------------------------------------------------------ actions out
 
