@@ -507,3 +507,40 @@ def test_timed_out_members_are_aborted_on_the_engine() -> None:
         assert len(engine.aborts) == 2 == s.member_failures["timeout"]
         assert s.aborted_requests == {"timeout": 2}
         assert s.dispatched_groups == 1 == ended(s)
+
+
+def test_a_failed_abort_of_a_truncated_members_request_lets_it_finish_uncounted() -> None:
+    """An abort the engine refuses (it may have finished the request) is logged, not counted,
+    and the member gets the request's answer: the workflow does not fail for it."""
+
+    class RefusesAborts(ProtocolEngine):
+        async def abort(self, request_id: str) -> Any:
+            self.aborts.append(request_id)
+            raise ConnectionError("abort refused")
+
+    engine = RefusesAborts()
+    with make(
+        engine,
+        max_head_offpolicyness=1,
+        consumer_batch_size=2,
+        proactive_filter={"method": "truncate", "threshold": 1},
+    ) as ex:
+        for name in ["g0", "g1", "g2", "g3"]:
+            ex.submit(name, ToolEpisode())
+        quiesce(ex, engine)
+        for name in ["g0", "g1", "g2"]:
+            engine.answer(engine.call(name))  # the tool call
+            quiesce(ex, engine)
+            engine.answer(engine.call(name), score=1.0)  # the generation
+        s = quiesce(ex, engine)
+        assert s.truncated_groups == 1 and engine.aborts == []  # g3 is in its tool call
+        engine.answer(engine.call("g3"))  # the tool returns; the abort of its request fails
+        quiesce(ex, engine)
+        assert len(engine.aborts) == 1
+        engine.answer(engine.call("g3"), tokens=6)  # the request runs on, to its end
+        quiesce(ex, engine)
+        batch = {t.data["prompt"]: t for t in ex.collect_results()}
+        assert sorted(batch) == ["g2", "g3"]
+        assert batch["g3"].data["finish_reason"] == "stop" and batch["g3"].data["tokens"] == 6
+        s = ex.statistics()
+        assert s.aborted_requests == {} and s.member_failures == {}

@@ -221,11 +221,18 @@ class MemberEngine:
         """A request issued after its member was truncated: let the engine take it, then abort
         it at once, so the workflow gets whatever the engine had (possibly nothing)."""
         task = asyncio.ensure_future(self._engine.agenerate(request))
-        await asyncio.sleep(0)  # the engine registers the request
-        if not task.done():
-            await call_abort(self._engine.abort, rid)
-            self._count_abort("truncated")
-        return await task
+        try:
+            await asyncio.sleep(0)  # the engine registers the request
+            if not task.done():
+                try:
+                    await call_abort(self._engine.abort, rid)
+                except Exception as e:  # as in Episodes: it may have finished meanwhile
+                    logger.warning("engine.abort(%r) for %s failed: %r", rid, self._member.mid, e)
+                else:
+                    self._count_abort("truncated")
+            return await task
+        finally:
+            task.cancel()  # a no-op once done; a cancelled member leaves no request running
 
 
 class EpisodeDeadlines:
