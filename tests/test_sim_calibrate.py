@@ -130,3 +130,59 @@ def test_a_directory_that_is_not_a_run_is_refused(
         calibrate(tmp_path)
     assert main(["simulate", "--compare", str(tmp_path)]) == 2
     assert "--compare needs --calibrate" in capsys.readouterr().err
+
+
+def _broken_run(tmp_path: Path, metrics: str, staleness: str) -> Path:
+    """A run directory whose config and trace read, with the metric files given."""
+    (tmp_path / "config.yaml").write_text(
+        "rollout: {staleness_policy: buffer, staleness: 2, consumer_batch_size: 1, group_size: 2}\n"
+        "engine: {kind: local, replicas: 1, max_batch_size: 8}\n"
+        "run: {steps: 3}\n"
+    )
+    trace = [{"type": "header", "format": "stalebound-trace", "version": 1}] + [
+        {"type": "trajectory", "prompt_id": i, "start": i, "end": i + 1.0, "tokens": 10}
+        for i in range(6)
+    ]
+    (tmp_path / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trace))
+    (tmp_path / "metrics.jsonl").write_text(metrics)
+    (tmp_path / "staleness.jsonl").write_text(staleness)
+    return tmp_path
+
+
+_STEP = {
+    "num_trajectories": 2,
+    "trajectories_per_s": 1.0,
+    "trainer_idle_fraction": 0.1,
+    "engine_idle_fraction": 0.1,
+    "wait_s": 0.1,
+    "step_time_s": 0.5,
+    "step_and_publish_s": 0.6,
+    "num_trained_tokens": 20,
+}
+
+
+@pytest.mark.parametrize(
+    ("metrics", "staleness", "message"),
+    [
+        ("", "", r"metrics\.jsonl holds 0 steps"),
+        ("{}\n" * 3, "", r"metrics\.jsonl step 1: num_trajectories=None: must be a number"),
+        (
+            json.dumps({**_STEP, "trajectories_per_s": 0}) + "\n",
+            "",
+            r"step 1: trajectories_per_s=0: must be > 0",
+        ),
+        (
+            json.dumps({**_STEP, "wait_s": "x"}) + "\n",
+            "",
+            r"step 1: wait_s='x': must be a number",
+        ),
+        ("[1]\n", "", r"metrics\.jsonl:1: expected a JSON object"),
+        ((json.dumps(_STEP) + "\n") * 3, '{"step": 1}\n', r"staleness\.jsonl step 1: no staleness"),
+    ],
+)
+def test_a_damaged_run_is_refused_naming_the_file(
+    tmp_path: Path, metrics: str, staleness: str, message: str
+) -> None:
+    run_dir = _broken_run(tmp_path, metrics, staleness)
+    with pytest.raises(ConfigError, match=message):
+        calibrate(run_dir)

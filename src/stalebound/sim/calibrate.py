@@ -25,9 +25,7 @@ and η under a calibrated workload, so the two can be set side by side.
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +33,8 @@ from typing import Any
 
 import yaml
 
-from stalebound.core.errors import ConfigError
+from stalebound.core.errors import ConfigError, ProtocolError
+from stalebound.obs.records import METRICS_FILE, STALENESS_FILE, StalenessHistogram, read_jsonl
 from stalebound.obs.trace import TrajectoryRecord, read_trace
 from stalebound.runtime.config import AREAL_STALENESS_NAME
 from stalebound.sim.config import (
@@ -51,7 +50,6 @@ from stalebound.sim.config import (
     workload_from_dict,
 )
 from stalebound.sim.simulator import SimResult, simulate
-from stalebound.userfiles import label, read_lines
 
 __all__ = [
     "Calibration",
@@ -134,20 +132,56 @@ def _need_file(run_dir: Path, name: str) -> Path:
     return path
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for number, text, _ in read_lines(path, label("calibrate", str(path)), fix="give a run dir"):
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as exc:
+STEP_KEYS = (
+    "num_trajectories",
+    "trajectories_per_s",
+    "trainer_idle_fraction",
+    "engine_idle_fraction",
+    "wait_s",
+    "step_time_s",
+    "step_and_publish_s",
+    "num_trained_tokens",
+)
+"""The step metrics calibration reads from ``metrics.jsonl``; ``failed_members`` too when there
+(a run that failed no member may not write it)."""
+
+_DAMAGED = "the run directory is damaged; calibrate from one a `stalebound train` run wrote"
+
+
+def _records(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    """The records of ``run_dir/name`` (a JSON-lines file the run wrote)."""
+    try:
+        return list(read_jsonl(_need_file(run_dir, name)))
+    except ProtocolError as exc:
+        raise ConfigError(f"calibrate: {exc}") from None
+
+
+def _steps(run_dir: Path) -> list[dict[str, float]]:
+    """The step records of ``metrics.jsonl``, each with the :data:`STEP_KEYS` as numbers and
+    ``elapsed``: seconds from the start of the run to the end of the step (the metrics are
+    cumulative from the start, so elapsed = trajectories trained ÷ trajectories/s)."""
+    path = run_dir / METRICS_FILE
+    steps = []
+    trained = 0.0
+    for number, row in enumerate(_records(run_dir, METRICS_FILE), 1):
+        step = {}
+        for key in (*STEP_KEYS, "failed_members"):
+            value = row.get(key, 0 if key == "failed_members" else None)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(
+                    f"calibrate: {path} step {number}: {key}={value!r}: must be a number ≥ 0; "
+                    + _DAMAGED
+                )
+            step[key] = float(value)
+        if step["trajectories_per_s"] <= 0:
             raise ConfigError(
-                f"{path} line {number}: not JSON ({exc.msg}); the run directory is damaged"
-            ) from None
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+                f"calibrate: {path} step {number}: trajectories_per_s=0: must be > 0 after a "
+                "trained step; " + _DAMAGED
+            )
+        trained += step["num_trajectories"]
+        step["elapsed"] = trained / step["trajectories_per_s"]
+        steps.append(step)
+    return steps
 
 
 def read_run_info(run_dir: str | Path) -> RunInfo:
@@ -184,34 +218,34 @@ def measure(run_dir: str | Path, warmup_fraction: float = 0.1) -> Measured:
     """The run's trajectories/s, idle fractions and time per step over the steps after the first
     ``warmup_fraction`` of them, and its staleness over every step (as the simulator measures)."""
     run_dir = Path(run_dir)
-    rows = _jsonl(_need_file(run_dir, "metrics.jsonl"))
+    rows = _steps(run_dir)
     if not rows:
         raise ConfigError(f"calibrate: {run_dir}/metrics.jsonl holds no step; the run trained none")
     steps = len(rows)
     warm = min(steps - 1, int(steps * warmup_fraction))
-    # the step metrics are cumulative from the start: elapsed = trained ÷ trajectories_per_s
-    trained = 0.0
-    elapsed, idle_t, idle_e = [0.0], [0.0], [0.0]
-    cum = [0.0]
+    elapsed, idle_t, idle_e, cum = [0.0], [0.0], [0.0], [0.0]
     for row in rows:
-        trained += float(row["num_trajectories"])
-        t = trained / float(row["trajectories_per_s"])
-        cum.append(trained)
+        t = row["elapsed"]
+        cum.append(cum[-1] + row["num_trajectories"])
         elapsed.append(t)
-        idle_t.append(float(row["trainer_idle_fraction"]) * t)
-        idle_e.append(float(row["engine_idle_fraction"]) * t)
+        idle_t.append(row["trainer_idle_fraction"] * t)
+        idle_e.append(row["engine_idle_fraction"] * t)
     window = elapsed[-1] - elapsed[warm]
-    counts: Counter[int] = Counter()
-    for row in _jsonl(_need_file(run_dir, "staleness.jsonl")):  # every step, as simulated
-        for k, n in row["counts"].items():
-            counts[int(k)] += int(n)
-    n = sum(counts.values())
+    counts = StalenessHistogram()
+    for number, row in enumerate(_records(run_dir, STALENESS_FILE), 1):  # every step, as simulated
+        try:
+            counts.add({int(k): n for k, n in row["counts"].items()})
+        except (KeyError, AttributeError, ValueError, ProtocolError) as exc:
+            raise ConfigError(
+                f"calibrate: {run_dir / STALENESS_FILE} step {number}: no staleness counts "
+                f"({type(exc).__name__}: {exc}); " + _DAMAGED
+            ) from None
     return Measured(
         trajectories_per_s=(cum[-1] - cum[warm]) / window,
         trainer_idle=(idle_t[-1] - idle_t[warm]) / window,
         engine_idle=(idle_e[-1] - idle_e[warm]) / window,
-        staleness_mean=sum(k * c for k, c in counts.items()) / n if n else 0.0,
-        staleness_histogram=dict(sorted(counts.items())),
+        staleness_mean=counts.mean or 0.0,
+        staleness_histogram=counts.counts,
         step_s=window / (steps - warm),
         steps=steps,
     )
@@ -296,7 +330,7 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
             f"calibrate: {run_dir}/trace.jsonl holds {len(done)} complete episodes; record a "
             "run of a few steps at least"
         )
-    rows = _jsonl(_need_file(run_dir, "metrics.jsonl"))
+    rows = _steps(run_dir)
     if len(rows) < 3:
         raise ConfigError(
             f"calibrate: {run_dir}/metrics.jsonl holds {len(rows)} steps; calibrate from a run "
@@ -328,17 +362,12 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
 
     # the trainer is busy for all of a step but its wait: training, publishing, and the
     # bookkeeping after it (metrics, ledger, checkpoints); elapsed = trained ÷ trajectories/s
-    publish = [max(0.0, float(r["step_and_publish_s"]) - float(r["step_time_s"])) for r in rows]
-    elapsed = [0.0]
-    trained = 0.0
-    for r in rows:
-        trained += float(r["num_trajectories"])
-        elapsed.append(trained / float(r["trajectories_per_s"]))
+    publish = [max(0.0, r["step_and_publish_s"] - r["step_time_s"]) for r in rows]
+    elapsed = [0.0] + [r["elapsed"] for r in rows]
     busy = [
-        max(0.0, elapsed[i + 1] - elapsed[i] - float(r["wait_s"]) - publish[i])
-        for i, r in enumerate(rows)
+        max(0.0, elapsed[i + 1] - elapsed[i] - r["wait_s"] - publish[i]) for i, r in enumerate(rows)
     ][1:]  # the first step's clock starts before the engines warmed up
-    tokens = [float(r["num_trained_tokens"]) for r in rows][1:]
+    tokens = [r["num_trained_tokens"] for r in rows][1:]
     (step_time, per_token), rms = _lstsq_nonneg([[1.0] * len(busy), tokens], busy)
     step_error = f"over {len(busy)} steps: " + _relative(rms, busy)
     publish_s = statistics.fmean(publish)
@@ -355,7 +384,7 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
         ),
     ]
 
-    failed = float(rows[-1].get("failed_members", 0.0))
+    failed = rows[-1]["failed_members"]
     rate = min(0.99, failed / (len(records) + failed))
     fits.append(Fit("failures.rate", rate, "per episode", f"{failed:.0f} of {len(records)}"))
 
