@@ -468,14 +468,20 @@ def predict(
         )
 
 
-def _write_values(cal: Calibration, folder: Path) -> None:
-    for name, values in (
-        ("lengths.txt", cal.lengths),
-        ("tool_latency.txt", cal.tool_latencies),
-        ("reward_latency.txt", cal.reward_latencies),
+def _write_values(cal: Calibration, folder: Path, prefix: str = "") -> dict[str, str]:
+    """Write the fitted value files into ``folder`` as ``<prefix><key>.txt``; returns each
+    written file's name by its key (a run without tool calls has no tool latencies)."""
+    files = {}
+    for key, values in (
+        ("lengths", cal.lengths),
+        ("tool_latency", cal.tool_latencies),
+        ("reward_latency", cal.reward_latencies),
     ):
         if values:
+            name = f"{prefix}{key}.txt"
             (folder / name).write_text("".join(f"{v:.6g}\n" for v in values), encoding="utf-8")
+            files[key] = name
+    return files
 
 
 def write_workload(cal: Calibration, path: str | Path) -> Path:
@@ -487,16 +493,7 @@ def write_workload(cal: Calibration, path: str | Path) -> Path:
     stem = path.name.removesuffix(".yaml").removesuffix(".yml")
     folder = path.parent
     folder.mkdir(parents=True, exist_ok=True)
-    files = {}
-    for key, name, values in (
-        ("lengths", "lengths.txt", cal.lengths),
-        ("tool_latency", "tool_latency.txt", cal.tool_latencies),
-        ("reward_latency", "reward_latency.txt", cal.reward_latencies),
-    ):
-        if values:
-            target = f"{stem}.{name}"
-            (folder / target).write_text("".join(f"{v:.6g}\n" for v in values), encoding="utf-8")
-            files[key] = target
+    files = _write_values(cal, folder, f"{stem}.")
     data = dataclasses.asdict(cal.workload)
     data.pop("base_dir", None)
     data["lengths"] = {"distribution": "empirical", "file": files["lengths"]}
