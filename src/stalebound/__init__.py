@@ -4,8 +4,9 @@
 from their subpackages when used.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from stalebound._lazy import lazy_attributes
 from stalebound.core import (
     BufferState,
     BufferStatistics,
@@ -32,15 +33,12 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 # The runtime (asyncio, threads) loads on first use, so `import stalebound` stays light.
-_RUNTIME = frozenset({"RolloutStat", "StalenessManager", "VersionProvider", "WorkflowExecutor"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _RUNTIME:
-        import stalebound.runtime
-
-        return getattr(stalebound.runtime, name)
-    raise AttributeError(f"module 'stalebound' has no attribute {name!r}")
+__getattr__ = lazy_attributes(
+    __name__,
+    dict.fromkeys(
+        ("RolloutStat", "StalenessManager", "VersionProvider", "WorkflowExecutor"), "runtime"
+    ),
+)
 
 
 __all__ = [

@@ -7,8 +7,9 @@ first access and need the ``ray`` extra (``pip install 'stalebound[ray]'``). See
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stalebound._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from stalebound.distributed.cluster import import_ray, init_ray
@@ -64,8 +65,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stalebound.distributed' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"stalebound.distributed.{module}"), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -6,9 +6,9 @@ first access (they need the ``torch`` extra).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from stalebound._lazy import lazy_attributes
 from stalebound.engines.protocol import (
     Continuation,
     EngineClosedError,
@@ -54,17 +54,13 @@ __all__ = [
 ]
 
 _LAZY = {
-    "EngineStatistics": "stalebound.engines.local",
-    "LocalEngine": "stalebound.engines.local",
-    "build_default_model": "stalebound.engines.models",
-    "build_default_tokenizer": "stalebound.engines.models",
-    "load_model": "stalebound.engines.models",
-    "load_tokenizer": "stalebound.engines.models",
+    "EngineStatistics": "local",
+    "LocalEngine": "local",
+    "build_default_model": "models",
+    "build_default_tokenizer": "models",
+    "load_model": "models",
+    "load_tokenizer": "models",
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stalebound.engines' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

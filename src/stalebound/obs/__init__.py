@@ -6,6 +6,7 @@ as ints, and the buffers as :class:`BufferRow` values (``buffer_rows(buffer)`` b
 TensorBoard, Prometheus and matplotlib (the ``obs`` extra) are imported only when used.
 """
 
+from stalebound._lazy import lazy_attributes
 from stalebound.obs.live import LiveView, render_buffers, summary_table
 from stalebound.obs.metrics import RunLogger
 from stalebound.obs.records import (
@@ -40,10 +41,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    # plot_run lives with matplotlib code; keep it importable from here without loading it early.
-    if name == "plot_run":
-        from stalebound.obs.plots import plot_run
-
-        return plot_run
-    raise AttributeError(f"module 'stalebound.obs' has no attribute {name!r}")
+# plot_run lives with the matplotlib code; importable from here without loading it early.
+__getattr__ = lazy_attributes(__name__, {"plot_run": "plots"})

@@ -6,9 +6,7 @@ use of their names (``Trainer``, ``policy_loss``, ``warm_start``, ...).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from stalebound._lazy import lazy_attributes
 from stalebound.train.config import TrainConfig
 
 __all__ = [
@@ -45,7 +43,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"stalebound.train.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'stalebound.train' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
