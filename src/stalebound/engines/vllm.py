@@ -125,17 +125,11 @@ class VLLMEngine(HTTPEngine):
         *,
         model: str | None = None,
         api: VLLMApi = "completions",
-        interrupt_mode: InterruptMode = "resubmit",
-        initial_version: int = 0,
-        seed: int = 0,
-        timeout: float = 300.0,
-        connect_timeout: float = 5.0,
-        retries: int = 4,
-        backoff: float = 0.25,
-        max_connections: int = 512,
-        abort_timeout: float = 5.0,
         weight_transfer: Literal["disk", "cuda_ipc"] = "disk",
+        **kwargs: Any,
     ) -> None:
+        """``kwargs``: the :class:`HTTPEngine` settings (``interrupt_mode``, ``seed``, ``timeout``,
+        ``retries``, ...)."""
         problems = []
         if weight_transfer not in ("disk", "cuda_ipc"):
             problems.append(
@@ -144,26 +138,14 @@ class VLLMEngine(HTTPEngine):
             )
         if api not in ("completions", "generate"):
             problems.append(f"api={api!r}: must be 'completions' or 'generate'")
-        elif interrupt_mode == "continue" and api != "generate":
+        elif kwargs.get("interrupt_mode") == "continue" and api != "generate":
             problems.append(
                 "interrupt_mode='continue' with api='completions': the completions stream does "
                 "not say which weights produced each token, so in-flight requests cannot keep "
                 "exact versions across an update; use api='generate' (server started with "
                 "--enable-scale-out) or interrupt_mode='resubmit'"
             )
-        super().__init__(
-            url,
-            interrupt_mode=interrupt_mode,
-            initial_version=initial_version,
-            seed=seed,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            retries=retries,
-            backoff=backoff,
-            max_connections=max_connections,
-            abort_timeout=abort_timeout,
-            problems=problems,
-        )
+        super().__init__(url, problems=problems, **kwargs)
         self.api: VLLMApi = api
         self.weight_transfer = weight_transfer
         self.model = model
