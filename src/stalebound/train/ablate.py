@@ -586,9 +586,9 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as e:
         print(f"stalebound ablate: {e}", file=sys.stderr)
         return 2
-    from stalebound.train.job import TrainingInterrupted, _default_run_dir
+    from stalebound.train.job import TrainingInterrupted, default_run_dir
 
-    default = _default_run_dir()
+    default = default_run_dir()
     out = Path(cfg.run.run_dir) if cfg.run.run_dir else default.with_name("ablate-" + default.name)
     console = Console(width=180, stderr=as_json)
     t0 = time.monotonic()

@@ -133,12 +133,12 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as e:
         print(f"stalebound bench: {e}", file=sys.stderr)
         return 2
-    from stalebound.train.job import _default_run_dir
+    from stalebound.train.job import default_run_dir
 
     out = (
         Path(cfg.run.run_dir)
         if cfg.run.run_dir
-        else _default_run_dir().with_name("bench-" + _default_run_dir().name)
+        else default_run_dir().with_name("bench-" + default_run_dir().name)
     )
     runs = run_bench(cfg, staleness, out)
     (out / "bench.json").write_text(json.dumps({"runs": runs}, indent=2))

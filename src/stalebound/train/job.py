@@ -194,7 +194,7 @@ class BusyMeter:
         return idle / total if total > 0 else 0.0
 
 
-def _base_model_dir(cfg: StaleboundConfig) -> Path:
+def base_model_dir(cfg: StaleboundConfig) -> Path:
     """The checkpoint a new run starts from: ``engine.model_path``, or the default tiny model
     (built once into ``engine.cache_dir``)."""
     from stalebound.engines.models import build_default_model
@@ -204,7 +204,7 @@ def _base_model_dir(cfg: StaleboundConfig) -> Path:
     return build_default_model(Path(cfg.engine.cache_dir) / f"default-seed{cfg.seed}")
 
 
-def _default_run_dir() -> Path:
+def default_run_dir() -> Path:
     return Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
 
 
@@ -226,7 +226,7 @@ def executor_metrics(es: ExecutorStatistics) -> dict[str, float]:
     }
 
 
-def _head_rows(policy: StalenessPolicy) -> tuple[int, list[BufferRow]]:
+def head_rows(policy: StalenessPolicy) -> tuple[int, list[BufferRow]]:
     if isinstance(policy, BufferPolicy):
         return policy.version, buffer_rows(policy.buffer)
     return policy.version, []
@@ -248,7 +248,7 @@ _RESUME_KEYS = (
 )
 
 
-def _resume_settings(cfg: StaleboundConfig) -> dict[str, Any]:
+def resume_settings(cfg: StaleboundConfig) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in _RESUME_KEYS:
         value: Any = cfg
@@ -305,7 +305,7 @@ class TrainingInterrupted(StaleboundError, RuntimeError):
 
 
 @dataclass
-class _Progress:
+class Progress:
     """The job's running totals, kept in every checkpoint so a resumed run continues them."""
 
     step: int = 0
@@ -340,16 +340,16 @@ _PROGRESS_FIELDS: dict[str, Callable[[Any], bool]] = {
 
 
 @dataclass(frozen=True)
-class _SavedJob:
+class SavedJob:
     """A checkpoint's ``job_state.json``, checked field by field."""
 
-    progress: _Progress
+    progress: Progress
     eval_before: float
     warm_start_s: float
     settings: dict[str, Any]
 
     @classmethod
-    def read(cls, checkpoint: Any) -> _SavedJob:
+    def read(cls, checkpoint: Any) -> SavedJob:
         from stalebound.train.checkpoint import JOB_STATE
 
         state = checkpoint.job_state()
@@ -376,14 +376,14 @@ class _SavedJob:
         if problems:
             raise checkpoint.unusable(JOB_STATE, f"not a job state ({'; '.join(problems)})")
         return cls(
-            _Progress(**progress),
+            Progress(**progress),
             float(state["eval_before"]),
             float(state["warm_start_s"]),
             state["settings"],
         )
 
 
-class _StopNow(KeyboardInterrupt):
+class StopNow(KeyboardInterrupt):
     """A second SIGTERM/SIGINT: stop at once."""
 
     def __init__(self, signum: int) -> None:
@@ -391,16 +391,16 @@ class _StopNow(KeyboardInterrupt):
         self.signum = signum
 
 
-class _StopRequest:
+class StopRequest:
     """The first SIGTERM/SIGINT asks the job to stop after the current step (with a
-    checkpoint); a second one interrupts at once (:class:`_StopNow`)."""
+    checkpoint); a second one interrupts at once (:class:`StopNow`)."""
 
     def __init__(self, console: Console) -> None:
         self.signum: int | None = None
         self._console = console
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _StopRequest:
+    def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -415,7 +415,7 @@ class _StopRequest:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None:
-            raise _StopNow(signum)
+            raise StopNow(signum)
         self.signum = signum
         self._console.print(
             f"[yellow]{signal.Signals(signum).name}: stopping after this step, with a "
@@ -424,7 +424,7 @@ class _StopRequest:
 
 
 @dataclass
-class _Where:
+class Where:
     """How far the run got: the last step trained and the newest checkpoint written (what a
     message about an interruption or a failure names)."""
 
@@ -436,7 +436,7 @@ class _Where:
         return _continue_hint(self.run_dir, self.checkpoint)
 
 
-def _engine_death(engines: Sequence[Any]) -> str | None:
+def engine_death(engines: Sequence[Any]) -> str | None:
     """Why an engine of the job died (``None`` when none did): the cause the user needs, not
     the library's advice on the engine object."""
     for engine in engines:
@@ -446,7 +446,7 @@ def _engine_death(engines: Sequence[Any]) -> str | None:
     return None
 
 
-def _clear_unfinished_start(run_dir: Path) -> None:
+def clear_unfinished_start(run_dir: Path) -> None:
     """Files of a run that stopped before its first checkpoint that starting it again does not
     rewrite itself (the metrics and the ledger are cut back to nothing when they are opened)."""
     for path in run_dir.glob("trace-from-step-*.jsonl"):

@@ -34,22 +34,22 @@ from stalebound.train.backends import EngineSet, make_backend, make_engines
 from stalebound.train.job import (
     BusyMeter,
     EngineEpisode,
+    Progress,
     RunDirectoryError,
+    SavedJob,
+    StopNow,
+    StopRequest,
     TrainingFailed,
     TrainingInterrupted,
     TrainResult,
-    _base_model_dir,
-    _clear_unfinished_start,
-    _default_run_dir,
-    _engine_death,
-    _head_rows,
-    _Progress,
-    _resume_settings,
-    _SavedJob,
-    _StopNow,
-    _StopRequest,
-    _Where,
+    Where,
+    base_model_dir,
+    clear_unfinished_start,
+    default_run_dir,
+    engine_death,
     executor_metrics,
+    head_rows,
+    resume_settings,
 )
 
 __all__ = ["TrainRecipe"]
@@ -93,17 +93,17 @@ class TrainRecipe:
         self.cfg = cfg
         self.console = console or Console()
         self.backend = make_backend(cfg)
-        self.progress = _Progress()
+        self.progress = Progress()
         self.eval_before = 0.0
         self.warm_start_s = 0.0
         self.resume: Any = None
         """The checkpoint this run continues from, if any."""
-        self.saved: _SavedJob | None = None
+        self.saved: SavedJob | None = None
         self.restart = False
         """The run stopped before its first checkpoint and starts again from the beginning."""
-        self.where: _Where | None = None
+        self.where: Where | None = None
         self._lock: Any = None
-        self._stop: _StopRequest | None = None
+        self._stop: StopRequest | None = None
         self._signum: int | None = None
         """The signal that asked the run to stop after a step, once it stopped listening."""
         # what to stop whatever happens, in this order; what to close (the files); and what to
@@ -153,7 +153,7 @@ class TrainRecipe:
         train_device = resolve_device(self.cfg.train.device)
         torch.set_num_threads(self.cfg.train.num_threads or 1)
         torch.manual_seed(self.cfg.seed)
-        self._stop = _StopRequest(self.console)
+        self._stop = StopRequest(self.console)
         self._stop.__enter__()  # from here on a signal stops the job after its current step
         return train_device
 
@@ -171,7 +171,7 @@ class TrainRecipe:
         resume = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
         self.resume = resume
         self.restart = bool(cfg.run.resume) and resume is None
-        self.saved = _SavedJob.read(resume) if resume is not None else None
+        self.saved = SavedJob.read(resume) if resume is not None else None
         if self.restart:
             gone = run_config_of(cfg.run.resume or "").parent
             if (gone / "summary.json").is_file():  # starting it again would throw results away
@@ -187,7 +187,7 @@ class TrainRecipe:
         elif cfg.run.resume:
             run_dir = run_dir_of(resume.path if resume is not None else cfg.run.resume)
         else:
-            run_dir = _default_run_dir()
+            run_dir = default_run_dir()
         self.cfg = cfg = dataclasses.replace(
             cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir))
         )
@@ -197,7 +197,7 @@ class TrainRecipe:
         self.samples = list(self.task.samples())
         check_run_paths(cfg, run_dir, resuming=resume is not None)  # the paths, before writing
         # the checkpoint's own limits (context length, chat template) against the task's prompts
-        base_dir = resume.path if resume is not None else _base_model_dir(cfg)
+        base_dir = resume.path if resume is not None else base_model_dir(cfg)
         too_long = context_problems(
             self.task,
             load_tokenizer(base_dir),
@@ -207,9 +207,9 @@ class TrainRecipe:
         if too_long:
             raise ConfigError(too_long)
 
-    def _check_resume_settings(self, resume: Any, saved: _SavedJob) -> None:
+    def _check_resume_settings(self, resume: Any, saved: SavedJob) -> None:
         cfg = self.cfg
-        now = _resume_settings(cfg)
+        now = resume_settings(cfg)
         # checkpoints written before the bound had one name store it under AReaL's
         then = {STALENESS_ALIASES.get(k, k): v for k, v in saved.settings.items()}
         changed = [f"{k}: {then.get(k)!r} → {now[k]!r}" for k in now if then.get(k) != now[k]]
@@ -250,16 +250,14 @@ class TrainRecipe:
                     f"{run_dir}: no checkpoint yet (the run stopped before its first one); "
                     "starting it again from the beginning, warm start included"
                 )
-                _clear_unfinished_start(run_dir)
+                clear_unfinished_start(run_dir)
             atomic_write_text(run_dir / "config.yaml", dump_yaml(self.cfg))
         except OSError as exc:
             raise ConfigError(
                 f"run.run_dir={str(run_dir)!r}: cannot write there ({exc.strerror or exc}); "
                 "choose a writable directory with free space"
             ) from exc
-        self.where = (
-            _Where(run_dir) if resume is None else _Where(run_dir, resume.step, resume.path)
-        )
+        self.where = Where(run_dir) if resume is None else Where(run_dir, resume.step, resume.path)
 
     def _build(self, train_device: Any) -> None:
         from stalebound.engines.models import load_model, load_tokenizer
@@ -277,7 +275,7 @@ class TrainRecipe:
         self.eval_set = rng.sample(self.samples, min(cfg.run.eval_prompts, len(self.samples)))
         self.order = list(self.samples)
         rng.shuffle(self.order)
-        policy_dir = resume.path if resume is not None else _base_model_dir(cfg)
+        policy_dir = resume.path if resume is not None else base_model_dir(cfg)
         try:
             self.model = load_model(policy_dir, device=train_device)
             self.tokenizer = load_tokenizer(policy_dir)
@@ -426,7 +424,7 @@ class TrainRecipe:
             "progress": dataclasses.asdict(progress),
             "eval_before": self.eval_before,
             "warm_start_s": self.warm_start_s,
-            "settings": _resume_settings(self.cfg),
+            "settings": resume_settings(self.cfg),
         }
 
         def save_model(directory: Path) -> None:
@@ -565,7 +563,7 @@ class TrainRecipe:
         executor, logger, view = self.executor, self.logger, self.view
         while not self._stop_sampling.wait(0.25):
             try:
-                version, rows = executor.inspect_policy(_head_rows)
+                version, rows = executor.inspect_policy(head_rows)
                 self._sampled = [executor.statistics(), rows]
             except StaleboundError:  # the executor stopped or is shutting down
                 return
@@ -656,7 +654,7 @@ class TrainRecipe:
             raise
         except StaleboundError as exc:  # the engines, the executor
             local = self._engines.local if self._engines is not None else []
-            cause = _engine_death(local) or str(exc)
+            cause = engine_death(local) or str(exc)
             raise TrainingFailed(
                 f"{cause}\nThe run stopped after step {where.step}; {where.hint()}"
             ) from exc
@@ -670,7 +668,7 @@ class TrainRecipe:
             where = self.where
             if where is None:  # before the run took its directory: nothing was written
                 raise
-            signum = exc.signum if isinstance(exc, _StopNow) else signal.SIGINT
+            signum = exc.signum if isinstance(exc, StopNow) else signal.SIGINT
             raise TrainingInterrupted(
                 signum, where.step, where.run_dir, where.checkpoint, at_once=True
             ) from None
