@@ -95,6 +95,19 @@ def _row(objective: str, eta: int, seed: int, reward: float, **extra: Any) -> di
     }
 
 
+def test_a_rerun_reuses_only_a_whole_row_of_the_same_config(tmp_path: Path) -> None:
+    row_file = tmp_path / "ppo-eta4-seed0.json"
+    assert ablate.finished_row(row_file, "seed: 0\n") is None  # not trained yet
+    whole = json.dumps({"objective": "ppo", "final_reward": 0.5, "config": "seed: 0\n"})
+    row_file.write_text(whole[: len(whole) // 2])  # a write cut short by a kill
+    assert ablate.finished_row(row_file, "seed: 0\n") is None
+    row_file.write_text("[]")
+    assert ablate.finished_row(row_file, "seed: 0\n") is None
+    row_file.write_text(whole)
+    assert ablate.finished_row(row_file, "seed: 1\n") is None  # another config: trained again
+    assert ablate.finished_row(row_file, "seed: 0\n") == json.loads(whole)
+
+
 def test_summary_takes_medians_over_seeds_and_the_gap_to_eta_0() -> None:
     rows = [
         _row("ppo", 0, 0, 0.50, ttt=10.0),

@@ -264,17 +264,29 @@ def row_config(
     )
 
 
+def finished_row(row_file: Path, config: str) -> dict[str, Any] | None:
+    """The row ``row_file`` holds when it was trained with ``config`` (a config dump), else
+    ``None``: no file, another config, or a file that is not a whole row."""
+    try:
+        done = json.loads(row_file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(done, dict) or done.get("config") != config:
+        return None
+    return done
+
+
 def run_row(
     cfg: StaleboundConfig, objective: str, row_file: Path, console: Console
 ) -> dict[str, Any]:
     """Train one row (or reuse its finished result with the same config) and write its JSON."""
+    from stalebound.train.checkpoint import atomic_write_text
     from stalebound.train.job import run_training
 
     text = dump_yaml(cfg)
-    if row_file.is_file():
-        done = json.loads(row_file.read_text())
-        if done.get("config") == text:
-            return dict(done)
+    done = finished_row(row_file, text)
+    if done is not None:
+        return done
     run_dir = Path(cfg.run.run_dir or "")
     if run_dir.exists():  # an unfinished or differently configured earlier row of this grid
         shutil.rmtree(run_dir)
@@ -297,7 +309,7 @@ def run_row(
         "config": text,
     }
     row["staleness_max"] = result.max_staleness
-    row_file.write_text(json.dumps(row, indent=2))
+    atomic_write_text(row_file, json.dumps(row, indent=2))  # a killed write leaves no row
     return row
 
 
