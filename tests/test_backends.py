@@ -38,3 +38,16 @@ def test_continue_mode_uses_vllms_token_endpoint(tmp_path: Path) -> None:
     )
     (client,) = make_engines(cfg, make_backend(cfg), tmp_path, 0).clients
     assert client.api == "generate" and client.interrupt_mode == "continue"
+
+
+def test_sglang_clients_take_the_configured_interrupt_mode(tmp_path: Path) -> None:
+    for mode in ("continue", "resubmit"):
+        cfg = load_config(
+            overrides=[
+                "engine.kind=sglang",
+                "engine.urls=[http://h:1]",
+                f"engine.interrupt_mode={mode}",
+            ]
+        )
+        (client,) = make_engines(cfg, make_backend(cfg), tmp_path, 0).clients
+        assert client.interrupt_mode == mode

@@ -49,9 +49,6 @@ class SGLangEngine(HTTPEngine):
     _start_hint = "start it with python -m sglang.launch_server --model-path ... --port ..."
     _generate_hint = "not an SGLang server (no native /generate endpoint)"
 
-    async def _after_ready(self) -> None:
-        await super()._after_ready()
-
     def _generate_body(
         self, live: _Live, prompt: list[int], max_tokens: int, seed: int
     ) -> tuple[str, dict[str, Any]]:

@@ -5,7 +5,7 @@
 * :func:`make_engines` (``engine.kind``): ``local`` asks the backend for its local engines;
   ``vllm`` / ``sglang`` are HTTP clients of the servers at ``engine.urls``, whatever the backend.
 
-The recipe (:class:`~stalebound.train.job.TrainRecipe`) talks to what they return only.
+The recipe (:class:`~stalebound.train.recipe.TrainRecipe`) talks to what they return only.
 """
 
 from __future__ import annotations
@@ -159,12 +159,16 @@ def _http_engines(
 ) -> EngineSet:
     """One client per server URL (``engine.kind`` vllm or sglang), a router over several."""
     from stalebound.engines.router import Router
-    from stalebound.engines.vllm import SGLangEngine, VLLMEngine
+    from stalebound.engines.sglang import SGLangEngine
+    from stalebound.engines.vllm import VLLMEngine
 
     e = cfg.engine
     clients: list[Any]
     if e.kind == "sglang":
-        clients = [SGLangEngine(url, seed=cfg.seed + i) for i, url in enumerate(e.urls)]
+        clients = [
+            SGLangEngine(url, interrupt_mode=e.interrupt_mode, seed=cfg.seed + i)
+            for i, url in enumerate(e.urls)
+        ]
     else:
         clients = [
             VLLMEngine(
