@@ -553,7 +553,7 @@ def _nonneg_int(text: str) -> int:
     return int(text)
 
 
-def _positive_float(text: str) -> float:
+def _tis_cap_value(text: str) -> float:
     value = float(text)
     if not value >= 1:
         raise ValueError(f"{text!r} must be >= 1 (2 is usual)")
@@ -571,7 +571,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Grid, float, bool, list[str]]:
     objectives, args = _take_list(args, "--objective", str)
     seeds, args = _take_list(args, "--seeds", _nonneg_int)
     steps, args = _take_list(args, "--steps", _nonneg_int)
-    cap, args = _take_list(args, "--tis-cap", _positive_float)
+    cap, args = _take_list(args, "--tis-cap", _tis_cap_value)
     if steps is not None and (len(steps) != 1 or steps[0] < 1):
         raise ConfigError(f"--steps {' '.join(map(str, steps))}: give one number >= 1, e.g. 40")
     if cap is not None and len(cap) != 1:
