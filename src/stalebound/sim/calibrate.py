@@ -232,9 +232,11 @@ def measure(run_dir: str | Path, warmup_fraction: float = 0.1) -> Measured:
         idle_e.append(row["engine_idle_fraction"] * t)
     window = elapsed[-1] - elapsed[warm]
     counts = StalenessHistogram()
-    for number, row in enumerate(_records(run_dir, STALENESS_FILE), 1):  # every step, as simulated
+    for number, record in enumerate(
+        _records(run_dir, STALENESS_FILE), 1
+    ):  # every step, as simulated
         try:
-            counts.add({int(k): n for k, n in row["counts"].items()})
+            counts.add({int(k): n for k, n in record["counts"].items()})
         except (KeyError, AttributeError, ValueError, ProtocolError) as exc:
             raise ConfigError(
                 f"calibrate: {run_dir / STALENESS_FILE} step {number}: no staleness counts "
