@@ -583,8 +583,10 @@ def test_group_tracker_regressions() -> None:
 
 def test_counter_and_filter_regressions() -> None:
     # Were TypeError / accepted.
-    assert refused(lambda: CapacityCounter(1, 1, 1).capacity("x")).startswith("capacity('x')")  # type: ignore[arg-type]
-    assert "(True)" in refused(lambda: CapacityCounter(1, 1, 1).version_recovered(True))
+    assert refused(lambda: CapacityCounter(1, 1, 1).capacity("x")).startswith(
+        "capacity(version='x'): "
+    )  # type: ignore[arg-type]
+    assert "(version=True): " in refused(lambda: CapacityCounter(1, 1, 1).version_recovered(True))
     # Were ValueError / TypeError.
     assert "'abc' is not a number" in refused(
         lambda: filters.member_metric({"score": "abc"}, "score"), ConfigError
