@@ -75,15 +75,14 @@ def test_override_values_are_yaml() -> None:
             "rollout.max_concurrent_rollouts=64",
             "rollout.max_concurrent_rollouts=null",
             "rollout.request_timeout=5",
-            "rollout.reject_stale_results=true",
-            "rollout.staleness_policy=capacity",
+            "rollout.group_post_process.enable=true",
             "rollout.proactive_filter={method: truncate, threshold: 2}",
         ]
     )
     assert config.rollout.max_concurrent_rollouts is None
     assert config.rollout.request_timeout == 5.0
     assert isinstance(config.rollout.request_timeout, float)
-    assert config.rollout.reject_stale_results is True
+    assert config.rollout.group_post_process.enable is True
     assert config.rollout.proactive_filter.method == "truncate"
     assert config.rollout.proactive_filter.threshold == 2
 

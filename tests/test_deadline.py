@@ -41,6 +41,7 @@ from stalebound.core.events import (
 )
 from stalebound.core.groups import MemberId
 from stalebound.core.policy import CapacityPolicy
+from stalebound.runtime import WorkflowExecutor
 
 
 def policy(
@@ -159,21 +160,44 @@ def test_bad_bounds_and_knobs_are_one_clear_error() -> None:
         policy(margin=-1)
 
 
-def test_the_resolver_and_the_policy_refuse_bad_knobs_with_the_same_lines() -> None:
-    bad = DeadlineConfig(action="drop", at="x", margin=-1, slack=-2)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError) as resolved:
-        resolve_settings(RolloutConfig(staleness_policy="deadline", deadline=bad))
-    assert [p.split(":")[0] for p in resolved.value.problems] == [
+def test_bad_knobs_are_refused_with_the_lines_loading_gives_however_the_config_was_made() -> None:
+    from stalebound.typedconfig import check
+
+    overrides = [
+        "rollout.staleness_policy=deadline",
         "rollout.deadline.slack=-2",
+        "rollout.deadline.margin=-1",
+        "rollout.deadline.action=drop",
+        "rollout.deadline.at=x",
+    ]
+    with pytest.raises(ConfigError) as loaded:
+        load_config(overrides=overrides)
+    built = RolloutConfig(
+        staleness_policy="deadline",
+        deadline=DeadlineConfig(action="drop", at="x", margin=-1, slack=-2),  # type: ignore[arg-type]
+    )
+    with pytest.raises(ConfigError) as checked:
+        check(built, "rollout")
+    assert checked.value.problems == loaded.value.problems
+    assert [p.split(":")[0] for p in checked.value.problems] == [
+        "rollout.deadline.slack=-2",
+        "rollout.deadline.action=drop",
+        "rollout.deadline.at=x",
+        "rollout.deadline.margin=-1",
+    ]
+    changed = RolloutConfig(staleness_policy="deadline")
+    changed.deadline.margin = -1  # changed after it was made: the executor checks it on start
+    with pytest.raises(ConfigError, match=r"^rollout.deadline.margin=-1: must be an integer ≥ 0"):
+        WorkflowExecutor(changed, object()).initialize()
+    with pytest.raises(ConfigError) as policy_args:  # the policy checks its own arguments
+        DeadlineBoundPolicy(
+            StalenessBuffer(2, 2), CapacityCounter(8, 2, 1), action="drop", at="x", margin=-1
+        )
+    assert [p.split(":")[0] for p in policy_args.value.problems] == [
         "rollout.deadline.margin=-1",
         "rollout.deadline.action='drop'",
         "rollout.deadline.at='x'",
     ]
-    with pytest.raises(ConfigError) as built:
-        DeadlineBoundPolicy(
-            StalenessBuffer(2, 2), CapacityCounter(8, 2, 1), action="drop", at="x", margin=-1
-        )
-    assert built.value.problems == resolved.value.problems[1:]
 
 
 def test_resolved_from_the_rollout_config() -> None:
@@ -187,11 +211,12 @@ def test_resolved_from_the_rollout_config() -> None:
     s = resolve_settings(RolloutConfig(staleness_policy="deadline", staleness=3))
     assert (s.soft_staleness, s.staleness) == (1, 3)  # η_s = η_h // 2 when no target is given
     with pytest.raises(ConfigError, match="soft admission target must be ≤ the hard bound"):
-        resolve_settings(
+        WorkflowExecutor(
             RolloutConfig(
                 staleness_policy="deadline", staleness=1, deadline=DeadlineConfig(target=3)
-            )
-        )
+            ),
+            object(),
+        ).initialize()
 
 
 def test_snapshot_round_trip() -> None:

@@ -558,11 +558,14 @@ def test_indivisible_settings_are_reported_together() -> None:
     )
     with pytest.raises(ConfigError, match="train_data_parallel_size=0"):
         WorkflowExecutor(RolloutConfig(), ScriptedEngine()).initialize(train_data_parallel_size=0)
-    with pytest.raises(ConfigError, match="staleness_policy='fifo'"):
+    with pytest.raises(ConfigError) as bad_policy:
         WorkflowExecutor(
             RolloutConfig(staleness_policy="fifo"),  # type: ignore[arg-type]
             ScriptedEngine(),
         ).initialize()
+    assert bad_policy.value.problems == (  # what loading rollout.staleness_policy=fifo says
+        "rollout.staleness_policy=fifo: must be one of buffer, capacity, deadline; use one of them",
+    )
 
 
 # ---------------------------------------------------------------------------- prepare_batch

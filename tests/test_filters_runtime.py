@@ -240,7 +240,10 @@ def test_threshold_leaves_a_buffer_with_many_stragglers_alone() -> None:
 
 
 def test_proactive_filter_needs_the_buffer_policy_and_truncate_an_engine_abort() -> None:
-    with pytest.raises(ConfigError, match=r"proactive_filter.method='retry'.*staleness_policy"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^rollout.proactive_filter.method=retry: acts on STUCK buffers, which only staleness_policy=buffer has \(not 'capacity'\); set it to null",
+    ):
         make(ProtocolEngine(), staleness_policy="capacity", proactive_filter={"method": "retry"})
 
     class NoAbort:

@@ -47,6 +47,7 @@ __all__ = [
     "Problems",
     "Schema",
     "bounds",
+    "check",
     "dump_yaml",
     "field_docs",
     "file_layer",
@@ -908,6 +909,21 @@ def _convert(value: Any, tp: Any, name: str, default: Any, problems: list[str]) 
             return _FAILED
         return _build_item(inner, value, name, problems)
     raise TypeError(f"{name}: unsupported config field type {tp!r}")
+
+
+def check(instance: Any, name: str) -> None:
+    """Raise one :class:`ConfigError` if ``instance``, a config section built or changed in
+    Python, breaks a rule of its class: the same conversions, bounds and ``_validate`` rules, and
+    the same lines, as loading its values from YAML under the key ``name`` would give."""
+    if not dataclasses.is_dataclass(instance) or isinstance(instance, type):
+        raise ConfigError(
+            f"{name}={show(instance, 80)}: must be a config section (a dataclass instance such "
+            "as RolloutConfig()); build one and set its fields"
+        )
+    problems = Problems()
+    _build_item(type(instance), to_plain(instance), name, problems)
+    if problems:
+        raise ConfigError(problems, omitted=problems.omitted)
 
 
 def _build_item(cls: type, mapping: Mapping[Any, Any], name: str, problems: list[str]) -> Any:

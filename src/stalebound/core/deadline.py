@@ -81,8 +81,8 @@ def deadline_bounds(soft: int | None, hard: int | None) -> tuple[int, int]:
 def deadline_knob_problems(
     *, action: object, at: object, margin: object, slack: object = 0
 ) -> list[str]:
-    """What is wrong with the deadline settings, as ``rollout.deadline.name=value: why`` lines:
-    the one check the settings resolver and :class:`DeadlineBoundPolicy` share."""
+    """What is wrong with :class:`DeadlineBoundPolicy`'s arguments, as
+    ``rollout.deadline.name=value: why`` lines (a config section is checked by its own class)."""
     problems = [
         f"rollout.deadline.{name}={value!r}: must be an integer ≥ 0 (groups)"
         for name, value in (("slack", slack), ("margin", margin))

@@ -16,11 +16,7 @@ from typing import Any
 from stalebound.core.buffer import StalenessBuffer
 from stalebound.core.capacity import CapacityCounter
 from stalebound.core.checks import is_int
-from stalebound.core.deadline import (
-    DeadlineBoundPolicy,
-    deadline_bounds,
-    deadline_knob_problems,
-)
+from stalebound.core.deadline import DeadlineBoundPolicy, deadline_bounds
 from stalebound.core.errors import ConfigError
 from stalebound.core.filters import GroupPostProcess, get_group_post_process
 from stalebound.core.policy import BufferPolicy, CapacityPolicy, StalenessPolicy
@@ -96,11 +92,7 @@ class CoordinatorSettings:
         return None
 
 
-def _per_rank(name: str, value: object, dp: int, problems: list[str]) -> int:
-    if not is_int(value) or value < 1:  # type: ignore[operator]
-        problems.append(f"rollout.{name}={value!r}: must be an integer ≥ 1")
-        return 1
-    assert isinstance(value, int)
+def _per_rank(name: str, value: int, dp: int, problems: list[str]) -> int:
     if value % dp:
         problems.append(
             f"rollout.{name}={value}: not divisible by train_data_parallel_size={dp}; each data-"
@@ -110,45 +102,30 @@ def _per_rank(name: str, value: object, dp: int, problems: list[str]) -> int:
     return value // dp
 
 
-def _seconds(name: str, value: object, problems: list[str], why: str) -> None:
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
-    ):
-        problems.append(f"rollout.{name}={value!r}: must be a number of seconds > 0{why}")
-
-
-def _bound(config: Any) -> tuple[str, Any]:
-    """The bound and the name the config section spells it with: ``staleness`` when the section
-    has it, else AReaL's ``max_head_offpolicyness`` (read here, at the edge, only)."""
-    name = "staleness" if hasattr(config, "staleness") else "max_head_offpolicyness"
-    return name, getattr(config, name)
+def _bound(config: Any) -> Any:
+    """The bound: ``staleness`` when the section has it, else AReaL's ``max_head_offpolicyness``
+    (read here, at the edge, only)."""
+    return config.staleness if hasattr(config, "staleness") else config.max_head_offpolicyness
 
 
 def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
-    """The per-rank settings from a rollout config section; every problem is reported at once."""
-    problems: list[str] = []
+    """The per-rank settings from a rollout config section.
+
+    Each setting's own rules (types, ranges, rules between settings) belong to the section's
+    class and are checked where it is loaded or handed over (``RolloutConfig``: at load, and by
+    the executor when it starts); here only what needs the data-parallel size or a registry is
+    checked, every problem reported at once."""
     if not is_int(dp) or dp < 1:
         raise ConfigError(
             f"train_data_parallel_size={dp!r}: must be an integer ≥ 1 (1 without data parallelism)"
         )
+    problems: list[str] = []
     policy = config.staleness_policy
-    if policy not in ("buffer", "capacity", "deadline"):
-        problems.append(
-            f"rollout.staleness_policy={policy!r}: must be 'buffer' (per-trajectory bound), "
-            "'capacity' (AReaL's aggregate bound) or 'deadline' (AReaL's admission, hard bound)"
-        )
-    spelled, staleness = _bound(config)
+    staleness = _bound(config)
     soft: int | None = None
     dl = getattr(config, "deadline", None)
     if policy == "deadline":  # the bound is the hard one, η_h; the soft target η_s is its own
-        try:
-            soft, staleness = deadline_bounds(getattr(dl, "target", None), staleness)
-        except ConfigError as e:
-            problems.extend(e.problems)
-            soft = staleness = 0
-    if not is_int(staleness) or staleness < 0:
-        problems.append(f"rollout.{spelled}={staleness!r}: must be an integer ≥ 0")
-        staleness = 0
+        soft, staleness = deadline_bounds(getattr(dl, "target", None), staleness)
     batch = _per_rank("consumer_batch_size", config.consumer_batch_size, dp, problems)
     buffer_size = (
         batch
@@ -165,38 +142,16 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
         window = staleness if soft is None else soft
         concurrent = min(window + 1, DEFAULT_BATCHES_IN_FLIGHT) * buffer_size
     queue = 16 * concurrent if config.queue_size is None else config.queue_size
-    if not is_int(queue) or queue < 1:
-        problems.append(f"rollout.queue_size={queue!r}: must be an integer ≥ 1, or None")
     timeout = config.request_timeout
-    _seconds("request_timeout", timeout, problems, " (or a very large one to never time out)")
-    failures = config.max_consecutive_failures
-    if not is_int(failures) or failures < 1:
-        problems.append(f"rollout.max_consecutive_failures={failures!r}: must be an integer ≥ 1")
     n = config.group_size
     redundancy = n if config.group_redundancy is None else config.group_redundancy
     pf = config.proactive_filter
-    if pf.method not in ("null", "retry", "truncate"):
-        problems.append(
-            f"rollout.proactive_filter.method={pf.method!r}: must be 'null', 'retry' or 'truncate'"
-        )
-    elif pf.method != "null" and policy != "buffer":
-        problems.append(
-            f"rollout.proactive_filter.method={pf.method!r}: acts on STUCK buffers, which only "
-            f"staleness_policy=buffer has (not {policy!r}); set it to null, or use "
-            "staleness_policy=buffer"
-        )
     post: GroupPostProcess | None = None
     if config.group_post_process.enable:
         try:
             post = get_group_post_process(config.group_post_process.name)
         except ConfigError as e:
             problems.extend(e.problems)
-    for name in ("watchdog_timeout_s", "progress_log_s"):
-        _seconds(name, getattr(config, name), problems, ", or None")
-    if dl is not None and policy == "deadline":
-        problems += deadline_knob_problems(
-            slack=dl.slack, margin=dl.margin, at=dl.at, action=dl.action
-        )
     if problems:
         raise ConfigError(problems)
     return CoordinatorSettings(
@@ -209,7 +164,7 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
         max_concurrent=concurrent,
         queue_size=queue,
         request_timeout=None if timeout is None or timeout == float("inf") else float(timeout),
-        max_failures=failures,
+        max_failures=config.max_consecutive_failures,
         drop_stale=config.reject_stale_results,
         proactive=pf.method,
         threshold=pf.threshold,

@@ -205,6 +205,14 @@ class RolloutConfig:
                 f"raise rollout.staleness to at least {target} (twice the target is the measured "
                 "default), or lower the target",
             )
+        method = self.proactive_filter.method
+        if method != "null" and self.staleness_policy != "buffer":
+            yield Invalid(
+                "proactive_filter.method",
+                f"acts on STUCK buffers, which only staleness_policy=buffer has (not "
+                f"{self.staleness_policy!r})",
+                "set it to null, or use staleness_policy=buffer",
+            )
         if self.reject_stale_results and self.staleness_policy != "capacity":
             yield Invalid(
                 "reject_stale_results",

@@ -55,6 +55,7 @@ from stalebound.runtime.episodes import (
 from stalebound.runtime.loop import LoopThread, NamedTimers, settle
 from stalebound.runtime.results import ExecutorStatistics, RolloutError, Trajectory
 from stalebound.runtime.staleness_manager import StalenessManager
+from stalebound.typedconfig import check
 
 __all__ = [
     "OUTCOMES",
@@ -151,6 +152,7 @@ class WorkflowExecutor(LoopThread):
                 "initialize(): the executor is already initialized (or destroyed); build a new "
                 "WorkflowExecutor to start again"
             )
+        check(self.config, "rollout")  # built in Python or changed since it was loaded
         s = resolve_settings(self.config, train_data_parallel_size)
         cut = s.cuts_short()
         if cut and _method(self.inference_engine, "abort") is None:
