@@ -14,6 +14,12 @@ pytestmark = pytest.mark.slow
 
 KEYS = {
     "staleness",
+    "hard_bound",
+    "mean_staleness",
+    "max_staleness",
+    "violations",
+    "truncated_fraction",
+    "wasted_token_fraction",
     "policy",
     "time_to_target_s",
     "trajectories_per_s",
@@ -64,3 +70,51 @@ def test_bench_runs_each_bound_on_the_long_tail_workload_and_prints_json(
 def test_bench_rejects_a_staleness_flag_without_values(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--staleness", "--json"]) == 2
     assert "--staleness needs integers, e.g. --staleness 0 2" in capsys.readouterr().err
+
+
+def test_bench_runs_policies_side_by_side_with_their_staleness_and_waste(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench"
+    code = main(
+        [
+            "bench",
+            "--policy",
+            "capacity",
+            "deadline",
+            "--staleness",
+            "1",
+            "--json",
+            "run.steps=4",
+            "train.warm_start_steps=5",
+            "run.eval_prompts=8",
+            "rollout.consumer_batch_size=8",
+            "task.reward_latency.median_s=0.01",
+            f"run.run_dir={out}",
+            f"engine.cache_dir={tmp_path / 'models'}",
+        ]
+    )
+    assert code == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [(r["policy"], r["staleness"], r["hard_bound"]) for r in runs] == [
+        ("capacity", 1, None),
+        ("deadline", 1, 2),  # η_s = 1 admits as capacity does; η_h = 2η_s holds
+    ]
+    for r in runs:
+        assert set(r) >= KEYS
+        cfg = load_config([out / f"{r['policy']}-eta1" / "config.yaml"])
+        assert cfg.rollout.staleness_policy == r["policy"]
+        assert 0 <= r["mean_staleness"] <= r["max_staleness"]
+        assert 0 <= r["truncated_fraction"] <= 1 and 0 <= r["wasted_token_fraction"] <= 1
+    deadline = runs[1]
+    assert (cfg.rollout.staleness, cfg.rollout.deadline.target) == (2, 1)
+    assert deadline["violations"] == 0 and deadline["max_staleness"] <= 2
+
+
+@pytest.mark.parametrize("args", [["--policy"], ["--policy", "fifo"], ["--policy", "buffer", "x"]])
+def test_bench_rejects_an_unknown_policy(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", *args]) == 2
+    err = capsys.readouterr().err
+    assert "not a policy; name one or more of buffer, capacity, deadline" in err

@@ -34,6 +34,7 @@ def write_all(results: list[SimResult], folder: Path) -> list[Path]:
     plt = _pyplot()
     return [
         _eta(plt, results, folder / "throughput_vs_staleness.png"),
+        _pareto(plt, results, folder / "pareto.png"),
         _histogram(plt, results, folder / "staleness_histogram.png"),
         _timeline(plt, results, folder / "buffer_state_timeline.png"),
     ]
@@ -65,6 +66,40 @@ def _eta(plt: Any, results: list[SimResult], path: Path) -> Path:
         ax.set_xticklabels([str(e) for e in etas])
         ax.grid(alpha=0.3)
     ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _pareto(plt: Any, results: list[SimResult], path: Path) -> Path:
+    """Throughput against the staleness it was bought with, mean (left) and max (right): one
+    line per policy through its η values, each point labelled with its η. Up and to the left
+    is better; a policy whose line lies above another's is faster at the same staleness."""
+    by_policy: dict[str, list[SimResult]] = defaultdict(list)
+    for r in results:
+        by_policy[r.policy].append(r)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for policy, rs in by_policy.items():
+        rs.sort(key=lambda r: r.staleness)
+        ys = [r.throughput for r in rs]
+        for ax, xs in zip(
+            axes,
+            ([r.staleness_mean for r in rs], [float(r.staleness_max) for r in rs]),
+            strict=True,
+        ):
+            (line,) = ax.plot(xs, ys, marker="o", label=policy)
+            for x, y, r in zip(xs, ys, rs, strict=True):
+                ax.annotate(
+                    f"η={r.staleness}", (x, y), textcoords="offset points", xytext=(4, 4),
+                    fontsize=7, color=line.get_color(),
+                )  # fmt: skip
+    axes[0].set(xlabel="mean staleness of trained trajectories", ylabel="trajectories trained / s")
+    axes[1].set(xlabel="max staleness of any trained trajectory")
+    fig.suptitle("throughput against staleness (up and left is better)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -13,6 +13,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal, get_args
 
 from rich.console import Console
 from rich.table import Table
@@ -28,46 +29,99 @@ from stalebound.core.errors import ConfigError
 
 __all__ = ["main", "run_bench"]
 
-HELP = """usage: stalebound bench [CONFIG.yaml ...] [key=value ...] [--staleness 0 1 2 4] [--json]
+HELP = """usage: stalebound bench [CONFIG.yaml ...] [key=value ...] [--staleness 0 1 2 4]
+                        [--policy buffer capacity deadline] [--json]
 
-Trains the same workload once per staleness bound and prints time to the target reward
-(run.target_reward), trajectories/s, trainer and engine idle fractions and final reward.
-The workload is the train recipe plus configs/bench.yaml: rewards from a verifier with a
-heavy-tailed latency (task.reward_latency.distribution=none turns it off)."""
+Trains the same workload once per staleness bound (and per policy, side by side) and prints time
+to the target reward (run.target_reward), trajectories/s, trainer and engine idle fractions, final
+reward, mean and max staleness, violations, truncated and wasted fractions. --staleness is the
+admission bound: rollout.staleness for buffer and capacity; for deadline the soft target
+rollout.deadline.target, with the hard bound rollout.staleness at twice it. The workload is the
+train recipe plus configs/bench.yaml: rewards from a verifier with a heavy-tailed latency
+(task.reward_latency.distribution=none turns it off)."""
+
+Policy = Literal["buffer", "capacity", "deadline"]
+POLICIES: tuple[Policy, ...] = get_args(Policy)
+
+
+def policy_config(base: StaleboundConfig, policy: str, eta: int, run_dir: Path) -> StaleboundConfig:
+    """``base`` run under ``policy`` at admission bound ``eta`` (for ``deadline``: the soft
+    target η_s = ``eta`` and the hard bound η_h = 2·``eta``), written to ``run_dir``."""
+    name = next((p for p in POLICIES if p == policy), None)
+    if name is None:
+        raise ConfigError(f"policy={policy!r}: not a staleness policy; use one of {POLICIES}")
+    rollout = dataclasses.replace(base.rollout, staleness_policy=name, staleness=eta)
+    if policy == "deadline":
+        rollout = dataclasses.replace(
+            rollout,
+            staleness=2 * eta,
+            deadline=dataclasses.replace(rollout.deadline, target=eta),
+        )
+    return dataclasses.replace(
+        base,
+        rollout=rollout,
+        run=dataclasses.replace(base.run, run_dir=str(run_dir), live=False, plots=False),
+    )
+
+
+def run_figures(run_dir: Path) -> dict[str, float | None]:
+    """What a run's own records say about staleness and waste: the mean staleness of its trained
+    trajectories, the fraction of them cut short (deadline or proactive truncation) and the
+    fraction of generated tokens thrown away (aborted requests' tokens over those plus the
+    trained ones)."""
+    from stalebound.obs.records import load_run
+
+    data = load_run(run_dir)
+    last = data.steps[-1] if data.steps else {}
+    trajectories = sum(float(r.get("num_trajectories", 0.0)) for r in data.steps)
+    trained_tokens = sum(float(r.get("num_trained_tokens", 0.0)) for r in data.steps)
+    aborted = float(last.get("aborted_tokens", 0.0))
+    generated = trained_tokens + aborted
+    return {
+        "mean_staleness": data.staleness_histogram().mean,
+        "truncated_fraction": (
+            float(last.get("truncated_trajectories", 0.0)) / trajectories if trajectories else 0.0
+        ),
+        "wasted_token_fraction": aborted / generated if generated else 0.0,
+    }
 
 
 def run_bench(
-    base: StaleboundConfig, staleness: Sequence[int], out_dir: Path
+    base: StaleboundConfig,
+    staleness: Sequence[int],
+    out_dir: Path,
+    policies: Sequence[str] | None = None,
 ) -> list[dict[str, object]]:
+    """One run per policy and bound (the config's policy alone when ``policies`` is ``None``),
+    each in ``out_dir/eta{η}`` (one policy) or ``out_dir/{policy}-eta{η}`` (several)."""
     from stalebound.train.job import run_training
 
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115 - closed with the process
+    names = [base.rollout.staleness_policy] if policies is None else list(policies)
     runs: list[dict[str, object]] = []
-    for eta in staleness:
-        cfg = dataclasses.replace(
-            base,
-            rollout=dataclasses.replace(base.rollout, staleness=eta),
-            run=dataclasses.replace(
-                base.run, run_dir=str(out_dir / f"eta{eta}"), live=False, plots=False
-            ),
-        )
-        r = run_training(cfg, console=quiet)
-        runs.append(
-            {
-                "staleness": eta,
-                "policy": r.policy,
-                "time_to_target_s": r.time_to_target_s,
-                "trajectories_per_s": r.trajectories_per_s,
-                "final_reward": r.reward_last,
-                "trainer_idle_fraction": r.trainer_idle_fraction,
-                "engine_idle_fraction": r.engine_idle_fraction,
-                "wall_s": r.wall_s,
-                "eval_before": r.eval_before,
-                "eval_after": r.eval_after,
-                "max_staleness": r.max_staleness,
-                "violations": r.violations,
-            }
-        )
+    for policy in names:
+        for eta in staleness:
+            where = out_dir / (f"eta{eta}" if len(names) == 1 else f"{policy}-eta{eta}")
+            cfg = policy_config(base, policy, eta, where)
+            r = run_training(cfg, console=quiet)
+            runs.append(
+                {
+                    "staleness": eta,
+                    "policy": r.policy,
+                    "hard_bound": None if policy == "capacity" else cfg.rollout.staleness,
+                    "time_to_target_s": r.time_to_target_s,
+                    "trajectories_per_s": r.trajectories_per_s,
+                    "final_reward": r.reward_last,
+                    "trainer_idle_fraction": r.trainer_idle_fraction,
+                    "engine_idle_fraction": r.engine_idle_fraction,
+                    "wall_s": r.wall_s,
+                    "eval_before": r.eval_before,
+                    "eval_after": r.eval_after,
+                    "max_staleness": r.max_staleness,
+                    "violations": r.violations,
+                    **run_figures(where),
+                }
+            )
     return runs
 
 
@@ -83,12 +137,24 @@ def _table(runs: list[dict[str, object]], target: float) -> Table:
         "engine idle",
         "final reward",
         "greedy acc",
-        "max staleness",
+        "staleness mean / max",
+        "violations",
+        "truncated",
+        "wasted tokens",
     ):
         t.add_column(col, justify="right")
-    sync = next((r["time_to_target_s"] for r in runs if r["staleness"] == 0), None)
     for r in runs:
+        # against η = 0 of the same policy (or of any, when it has none)
+        sync = next(
+            (
+                s["time_to_target_s"]
+                for s in sorted(runs, key=lambda s: s["policy"] != r["policy"])
+                if s["staleness"] == 0
+            ),
+            None,
+        )
         ttt = r["time_to_target_s"]
+        mean = r["mean_staleness"]
         speed = f"{sync / ttt:.2f}×" if isinstance(sync, float) and isinstance(ttt, float) else "–"
         t.add_row(
             str(r["staleness"]),
@@ -100,7 +166,10 @@ def _table(runs: list[dict[str, object]], target: float) -> Table:
             f"{r['engine_idle_fraction']:.2f}",
             f"{r['final_reward']:.3f}",
             f"{r['eval_before']:.2f} → {r['eval_after']:.2f}",
-            str(r["max_staleness"]),
+            f"{mean:.2f} / {r['max_staleness']}" if isinstance(mean, float) else "–",
+            str(r["violations"]),
+            f"{r['truncated_fraction']:.1%}",
+            f"{r['wasted_token_fraction']:.1%}",
         )
     return t
 
@@ -127,6 +196,28 @@ def main(argv: Sequence[str]) -> int:
             )
             return 2
         staleness, args = values, args[:i] + args[j:]
+    policies: list[str] | None = None
+    if "--policy" in args:
+        i = args.index("--policy")
+        j = i + 1
+        while j < len(args) and not args[j].startswith("-") and "=" not in args[j]:
+            if args[j] not in POLICIES:
+                break
+            j += 1
+        if j == i + 1 or (
+            j < len(args)
+            and not args[j].startswith("-")
+            and "=" not in args[j]
+            and not args[j].endswith((".yaml", ".yml"))
+        ):
+            bad = args[j] if j < len(args) else "(nothing)"
+            print(
+                f"stalebound bench: --policy {bad}: not a policy; name one or more of "
+                f"{', '.join(POLICIES)}, e.g. --policy capacity deadline",
+                file=sys.stderr,
+            )
+            return 2
+        policies, args = args[i + 1 : j], args[:i] + args[j:]
     try:
         paths, overrides = parse_cli_overrides(args)
         cfg = load_config([TRAIN_RECIPE, BENCH_RECIPE, *paths], overrides)
@@ -140,7 +231,7 @@ def main(argv: Sequence[str]) -> int:
         if cfg.run.run_dir
         else default_run_dir().with_name("bench-" + default_run_dir().name)
     )
-    runs = run_bench(cfg, staleness, out)
+    runs = run_bench(cfg, staleness, out, policies)
     (out / "bench.json").write_text(json.dumps({"runs": runs}, indent=2))
     if as_json:
         print(json.dumps({"runs": runs}))

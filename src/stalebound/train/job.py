@@ -218,6 +218,7 @@ def executor_metrics(es: ExecutorStatistics) -> dict[str, float]:
         "timed_out_members": float(es.member_failures.get("timeout", 0)),
         "retried_groups": float(es.retried_groups),
         "truncated_groups": float(es.truncated_groups),
+        "truncated_trajectories": float(es.truncated_trajectories),
         "dropped_groups": float(es.dropped_groups),
         "surplus_groups": float(es.surplus_groups),
         "resumed_groups": float(es.resumed_groups),
