@@ -29,6 +29,19 @@ KEYS = {
 }
 
 
+def short_run(out: Path, models: Path) -> list[str]:
+    """Overrides for a bench of a few steps, written to ``out``, models cached in ``models``."""
+    return [
+        "run.steps=4",
+        "train.warm_start_steps=5",
+        "run.eval_prompts=8",
+        "rollout.consumer_batch_size=8",
+        "task.reward_latency.median_s=0.01",
+        f"run.run_dir={out}",
+        f"engine.cache_dir={models}",
+    ]
+
+
 def test_bench_runs_each_bound_on_the_long_tail_workload_and_prints_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -40,13 +53,7 @@ def test_bench_runs_each_bound_on_the_long_tail_workload_and_prints_json(
             "0",
             "2",
             "--json",
-            "run.steps=4",
-            "train.warm_start_steps=5",
-            "run.eval_prompts=8",
-            "rollout.consumer_batch_size=8",
-            "task.reward_latency.median_s=0.01",
-            f"run.run_dir={out}",
-            f"engine.cache_dir={tmp_path / 'models'}",
+            *short_run(out, tmp_path / "models"),
         ]
     )
     assert code == 0
@@ -85,13 +92,7 @@ def test_bench_runs_policies_side_by_side_with_their_staleness_and_waste(
             "--staleness",
             "1",
             "--json",
-            "run.steps=4",
-            "train.warm_start_steps=5",
-            "run.eval_prompts=8",
-            "rollout.consumer_batch_size=8",
-            "task.reward_latency.median_s=0.01",
-            f"run.run_dir={out}",
-            f"engine.cache_dir={tmp_path / 'models'}",
+            *short_run(out, tmp_path / "models"),
         ]
     )
     assert code == 0

@@ -9,10 +9,12 @@ engine.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -174,8 +176,11 @@ class ToolEpisode(Episode):
         return await super().arun_episode(engine, data)
 
 
-def test_truncate_cuts_a_member_in_a_tool_call_on_its_next_request() -> None:
-    engine = ProtocolEngine()
+@contextlib.contextmanager
+def truncated_in_its_tool_call(engine: ProtocolEngine) -> Iterator[WorkflowExecutor]:
+    """g0–g3 submitted (η = 1, B = 2, truncate at threshold 1); g0–g2 finish while g3 waits on
+    its tool call, so the head is truncated with g3 in it and no request to abort; then g3's tool
+    returns, and its next request is issued after the truncation."""
     with make(
         engine,
         max_head_offpolicyness=1,
@@ -191,8 +196,14 @@ def test_truncate_cuts_a_member_in_a_tool_call_on_its_next_request() -> None:
             engine.answer(engine.call(name), score=1.0)  # the generation
         s = quiesce(ex, engine)
         assert s.truncated_groups == 1 and engine.aborts == []  # g3 is in its tool call
-        engine.answer(engine.call("g3"))  # the tool returns; the request is aborted at once
+        engine.answer(engine.call("g3"))  # the tool returns
         quiesce(ex, engine)
+        yield ex
+
+
+def test_truncate_cuts_a_member_in_a_tool_call_on_its_next_request() -> None:
+    engine = ProtocolEngine()
+    with truncated_in_its_tool_call(engine) as ex:  # g3's request is aborted at once
         batch = {t.data["prompt"]: t for t in ex.collect_results()}
         assert sorted(batch) == ["g2", "g3"]
         assert batch["g3"].truncated and batch["g3"].data["finish_reason"] == "abort"
@@ -522,23 +533,7 @@ def test_a_failed_abort_of_a_truncated_members_request_lets_it_finish_uncounted(
             raise ConnectionError("abort refused")
 
     engine = RefusesAborts()
-    with make(
-        engine,
-        max_head_offpolicyness=1,
-        consumer_batch_size=2,
-        proactive_filter={"method": "truncate", "threshold": 1},
-    ) as ex:
-        for name in ["g0", "g1", "g2", "g3"]:
-            ex.submit(name, ToolEpisode())
-        quiesce(ex, engine)
-        for name in ["g0", "g1", "g2"]:
-            engine.answer(engine.call(name))  # the tool call
-            quiesce(ex, engine)
-            engine.answer(engine.call(name), score=1.0)  # the generation
-        s = quiesce(ex, engine)
-        assert s.truncated_groups == 1 and engine.aborts == []  # g3 is in its tool call
-        engine.answer(engine.call("g3"))  # the tool returns; the abort of its request fails
-        quiesce(ex, engine)
+    with truncated_in_its_tool_call(engine) as ex:  # the abort of g3's request fails
         assert len(engine.aborts) == 1
         engine.answer(engine.call("g3"), tokens=6)  # the request runs on, to its end
         quiesce(ex, engine)
