@@ -21,6 +21,7 @@ def make(
     engine: Any,
     action: Literal["truncate", "abort"] = "truncate",
     at: Literal["consume", "head"] = "consume",
+    group_size: int = 1,
 ) -> WorkflowExecutor:
     """B = 1, η_s = η_h = 1, one spare entry per buffer, no admission margin: g0 and g1 are admitted
     at version 0 and both reserve in buffer 1 (their deadline)."""
@@ -28,7 +29,7 @@ def make(
         staleness_policy="deadline",
         staleness=1,
         consumer_batch_size=1,
-        group_size=1,
+        group_size=group_size,
         deadline=DeadlineConfig(target=1, slack=1, margin=0, action=action, at=at),
     )
     return WorkflowExecutor(config, engine).initialize()
@@ -81,6 +82,24 @@ def test_abort_at_the_deadline_throws_the_straggler_away_and_counts_it() -> None
         assert s.deadline_groups == 1 and s.truncated_trajectories == 0
         assert s.cancelled_members == {"deadline": 1}
         assert ex.drain_outcomes()[-1][1] == "deadline"
+
+
+def test_a_group_aborted_at_its_deadline_counts_its_finished_members_as_discarded() -> None:
+    engine = ProtocolEngine()
+    with make(engine, action="abort", group_size=2) as ex:
+        for name in ["g0", "g1"]:
+            ex.submit(name, Episode())
+        quiesce(ex, engine)
+        engine.answer(engine.call("g0"))
+        engine.answer(engine.call("g0"))
+        engine.answer(engine.call("g1"))  # one member of g1 finishes; the other straggles
+        quiesce(ex, engine)
+        ex.wait(1, timeout=60)
+        with pytest.raises(TimeoutError):  # asks for buffer 1: g1 is aborted, nothing to train
+            ex.wait(1, timeout=0.01)
+        s = quiesce(ex, engine)
+        assert s.deadline_groups == 1 and s.cancelled_members == {"deadline": 1}
+        assert s.discarded_members == {"deadline": 1}  # the finished member, thrown away
 
 
 def test_truncation_needs_an_engine_that_can_abort() -> None:

@@ -774,6 +774,7 @@ class Coordinator:
                     out.append(TruncateMember(m, "deadline"))
             elif verdict == "abort":
                 self._unlist(g.gid)
+                self.counts.discarded_members["deadline"] += len(self._tracker.partial(g.gid))
                 self._abort_members(self._tracker.cancel(g.gid), "deadline", out)
                 self._release(g.gid, _DEADLINE, "deadline", now, out)
             else:

@@ -67,15 +67,18 @@ def policy_config(base: StaleboundConfig, policy: str, eta: int, run_dir: Path) 
 def run_figures(run_dir: Path) -> dict[str, float | None]:
     """What a run's own records say about staleness and waste: the mean staleness of its trained
     trajectories, the fraction of them cut short (deadline or proactive truncation) and the
-    fraction of generated tokens thrown away (aborted requests' tokens over those plus the
-    trained ones)."""
+    fraction of generated tokens thrown away: the tokens of aborted requests, plus finished
+    trajectories discarded with their group (filtered, surplus, retried, aborted at a deadline)
+    counted at the run's mean trained length, over those plus the trained tokens."""
     from stalebound.obs.records import load_run
 
     data = load_run(run_dir)
     last = data.steps[-1] if data.steps else {}
     trajectories = sum(float(r.get("num_trajectories", 0.0)) for r in data.steps)
     trained_tokens = sum(float(r.get("num_trained_tokens", 0.0)) for r in data.steps)
-    aborted = float(last.get("aborted_tokens", 0.0))
+    discarded = float(last.get("discarded_members", 0.0))
+    mean_length = trained_tokens / trajectories if trajectories else 0.0
+    aborted = float(last.get("aborted_tokens", 0.0)) + discarded * mean_length
     generated = trained_tokens + aborted
     return {
         "mean_staleness": data.staleness_histogram().mean,

@@ -223,6 +223,7 @@ def executor_metrics(es: ExecutorStatistics) -> dict[str, float]:
         "surplus_groups": float(es.surplus_groups),
         "resumed_groups": float(es.resumed_groups),
         "aborted_tokens": float(sum(es.aborted_tokens.values())),
+        "discarded_members": float(sum(es.discarded_members.values())),
         "stuck_seconds": es.stuck_seconds,
     }
 
