@@ -113,9 +113,9 @@ class DeadlineBuffer(BufferPolicy):
     verdict = "truncate"
 
     def deadline_verdicts(
-        self, head: int, *, trainer_waiting: bool = False
+        self, head: int, *, trainer_waiting: bool = False, overdue: bool = False
     ) -> Sequence[tuple[Hashable, str]]:
-        if trainer_waiting:
+        if trainer_waiting or overdue:
             return []
         return [(g, self.verdict) for g in self.buffer.reserved_groups(head)]
 

@@ -29,13 +29,17 @@ from stalebound.core import (
 )
 from stalebound.core.deadline import DeadlineBoundPolicy, deadline_bounds
 from stalebound.core.events import (
+    DEADLINE_TIMER,
     AbortRequest,
+    ArmTimer,
     BatchWanted,
+    CancelTimer,
     Dispatch,
     HandOverBatch,
     LaunchMember,
     MemberFinished,
     Submitted,
+    TimerFired,
     TruncateMember,
     Wake,
 )
@@ -304,11 +308,21 @@ class DeadlineMachine(RuleBasedStateMachine):
         margin=st.integers(0, 1),
         action=st.sampled_from(["truncate", "abort"]),
         at=st.sampled_from(["consume", "head"]),
+        grace=st.sampled_from([None, 0.5]),
     )
     def setup(
-        self, B: int, soft: int, extra: int, slack: int, margin: int, action: str, at: str
+        self,
+        B: int,
+        soft: int,
+        extra: int,
+        slack: int,
+        margin: int,
+        action: str,
+        at: str,
+        grace: float | None,
     ) -> None:
         self.B, self.hard, self.action, self.at = B, soft + extra, action, at
+        self.armed = False
         s = CoordinatorSettings(
             policy="deadline",
             staleness=self.hard,
@@ -325,6 +339,7 @@ class DeadlineMachine(RuleBasedStateMachine):
             deadline_action=action,
             admission_margin=margin,
             deadline_at=at,
+            deadline_grace=grace,
         )
         self.coord = Coordinator(build_policy(s), s)
         self.running: dict[MemberId, int] = {}  # member → its group's version
@@ -351,11 +366,20 @@ class DeadlineMachine(RuleBasedStateMachine):
                     deadline_hits.append((a.member, self.running[a.member]))
                 del self.running[a.member]
                 self.truncating.discard(a.member)
+            elif isinstance(a, ArmTimer):
+                assert a.timer == DEADLINE_TIMER and not self.armed
+                self.armed = True
+            elif isinstance(a, CancelTimer):
+                self.armed = False
             elif isinstance(a, HandOverBatch):
                 assert a.version == before
                 for g in a.groups:
                     assert a.version - g.version <= self.hard  # the hard bound, every group
                     self.trained += 1
+        due = {m for m, V in self.running.items() if V + self.hard == head and head > V}
+        if isinstance(event, TimerFired):  # the grace is over: every due group of the head aborted
+            assert all(V + self.hard == head for _, V in deadline_hits) and not due
+            return actions
         # the deadline action fires exactly at the deadline: when the deadline buffer becomes the
         # head (at=head), or when the trainer asks for it and it cannot be consumed (at=consume)
         if self.at == "head":
@@ -367,7 +391,6 @@ class DeadlineMachine(RuleBasedStateMachine):
         if deadline_hits:
             note_event(f"deadline action: {self.action} at {self.at}")
         if moment:
-            due = {m for m, V in self.running.items() if V + self.hard == head and head > V}
             if self.action == "truncate":
                 assert due <= self.truncating
                 assert {m for m, _ in deadline_hits} <= due
@@ -391,6 +414,12 @@ class DeadlineMachine(RuleBasedStateMachine):
         del self.running[m]
         self.truncating.discard(m)
         self._feed(MemberFinished(m, self.now, m))
+
+    @precondition(lambda self: self.armed)
+    @rule()
+    def fire(self) -> None:
+        self.armed = False
+        self._feed(TimerFired(DEADLINE_TIMER, self.now + 1.0))
 
     @rule()
     def want(self) -> None:
@@ -449,6 +478,61 @@ def test_the_coordinator_truncates_a_straggler_exactly_at_its_deadline(at: str) 
     (g1,) = batch.groups
     assert g1.version == 0 and g1.members[0][2]  # staleness 1 = η_h, marked truncated
     assert c.counts.deadline_groups == 1 and c.counts.truncated_trajectories == 1
+
+
+def graced(grace: float) -> Coordinator:
+    """η_h = 1, B = 1, groups of 2 with a spare entry per buffer; g0 and g1 start at version 0, g0
+    finishes, one member of g1 finishes and the other (1, 1) straggles; buffer 0 is consumed."""
+    s = CoordinatorSettings(
+        policy="deadline",
+        staleness=1,
+        batch_size=1,
+        buffer_size=1,
+        group_size=2,
+        group_redundancy=2,
+        max_concurrent=4,
+        queue_size=100,
+        request_timeout=None,
+        max_failures=10,
+        soft_staleness=1,
+        deadline_slack=1,
+        admission_margin=0,
+        deadline_grace=grace,
+    )
+    c = Coordinator(build_policy(s), s)
+    c.handle(Submitted(0))
+    c.handle(Submitted(1))
+    c.handle(Dispatch(0.0, 0))
+    for m in [MemberId(0, 0), MemberId(0, 1), MemberId(1, 0)]:
+        c.handle(MemberFinished(m, 1.0, "r"))
+    (batch, *_) = c.handle(BatchWanted(1, 2.0))
+    assert isinstance(batch, HandOverBatch) and batch.version == 0
+    return c
+
+
+def test_a_due_group_not_landed_after_the_grace_is_aborted_and_its_finished_members_counted() -> (
+    None
+):
+    c = graced(0.5)
+    waiting = c.handle(BatchWanted(1, 3.0))  # buffer 1, g1's deadline: cut, and the grace starts
+    assert waiting == [TruncateMember(MemberId(1, 1), "deadline"), ArmTimer(DEADLINE_TIMER, 3.5)]
+    assert c.handle(BatchWanted(1, 3.2)) == []  # one grace per head: asking again re-arms nothing
+    over = c.handle(TimerFired(DEADLINE_TIMER, 3.5))  # (1, 1) waits on its reward: no partial
+    assert AbortRequest(MemberId(1, 1), "deadline") in over and over[-1] == Wake()
+    assert (c.counts.deadline_groups, c.counts.overdue_groups) == (1, 1)
+    assert c.counts.discarded_members == {"deadline": 1}  # (1, 0) finished, thrown away with it
+    assert c.policy_statistics().violations == 0
+
+
+def test_a_due_group_that_lands_within_the_grace_is_trained_and_the_timer_cancelled() -> None:
+    c = graced(0.5)
+    assert ArmTimer(DEADLINE_TIMER, 3.5) in c.handle(BatchWanted(1, 3.0))
+    c.handle(MemberFinished(MemberId(1, 1), 3.1, "partial"))
+    handed = c.handle(BatchWanted(1, 3.2))
+    assert isinstance(handed[0], HandOverBatch) and handed[0].version == 1
+    assert CancelTimer(DEADLINE_TIMER) in handed
+    assert (c.counts.deadline_groups, c.counts.overdue_groups) == (1, 0)
+    assert c.counts.discarded_members == {}
 
 
 def test_a_target_above_the_bound_is_refused_when_the_config_loads() -> None:

@@ -43,6 +43,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 from stalebound.core.buffer import BufferState, StalenessBuffer
 from stalebound.core.errors import ConfigError, InvariantError, ProtocolError, StaleboundError
 from stalebound.core.events import (
+    DEADLINE_TIMER,
     STUCK_TIMER,
     WATCHDOG_TIMER,
     AbortGroup,
@@ -135,11 +136,14 @@ class DeadlinePolicy(Protocol):
     ``trainer_waiting=True`` each time the trainer asks for a batch the head cannot give yet:
     returns ``(group_id, verdict)`` for running groups whose deadline buffer is the head (each
     group at most once), ``verdict`` ``"truncate"`` (force-complete with the partial output) or
-    ``"abort"`` (counted as wasted). The coordinator carries the verdicts out; the policy's own
-    buffer operations (pull-forward, defer, consume-due-first) happen inside its ``consume``."""
+    ``"abort"`` (counted as wasted). With ``overdue=True`` (the trainer has waited the grace for
+    the head): ``"abort"`` for every group still running whose deadline is the head, sentenced or
+    not, and nothing else changes (it also serves as the question whether any is). The coordinator
+    carries the verdicts out; the policy's own buffer operations (pull-forward, defer,
+    consume-due-first) happen inside its ``consume``."""
 
     def deadline_verdicts(
-        self, head: int, *, trainer_waiting: bool = False
+        self, head: int, *, trainer_waiting: bool = False, overdue: bool = False
     ) -> Sequence[tuple[Hashable, str]]: ...
 
 
@@ -159,6 +163,7 @@ class CoordinatorCounts:
     truncated_groups: int = 0
     truncated_trajectories: int = 0
     deadline_groups: int = 0
+    overdue_groups: int = 0
     watchdog_stalls: int = 0
     dropped_groups: int = 0
     surplus_groups: int = 0
@@ -749,24 +754,44 @@ class Coordinator:
             given += len(batch.groups)
             out.append(HandOverBatch(v, tuple(handed)))
             out.append(_WAKE)
+            self._disarm(DEADLINE_TIMER, out)  # a new head: its own grace, if it needs one
             self._deadline_actions(ev.now, out)
             self._check_head(ev.now, out)
         if given < ev.groups:  # the trainer waits on the head: a deadline policy may act now
             self._deadline_actions(ev.now, out, trainer_waiting=True)
+            grace = self.settings.deadline_grace
+            if (
+                grace is not None
+                and DEADLINE_TIMER not in self._armed
+                and self._deadlines is not None
+                and self._deadlines(self.policy.version, overdue=True)
+            ):
+                self._arm(DEADLINE_TIMER, ev.now + grace, out)
         return out
 
     def _deadline_actions(
-        self, now: float, out: list[Action], *, trainer_waiting: bool = False
+        self,
+        now: float,
+        out: list[Action],
+        *,
+        trainer_waiting: bool = False,
+        overdue: bool = False,
     ) -> None:
         """The hook of a deadline policy (:class:`DeadlinePolicy`): carry out its verdicts for the
-        head buffer."""
+        head buffer (``overdue``: the grace is over, abort what is still due)."""
         if self._deadlines is None:
             return
-        for gid, verdict in self._deadlines(self.policy.version, trainer_waiting=trainer_waiting):
+        verdicts = self._deadlines(
+            self.policy.version, trainer_waiting=trainer_waiting, overdue=overdue
+        )
+        for gid, verdict in verdicts:
             g = self._groups.get(cast(int, gid))
             if g is None:
                 raise InvariantError(f"deadline verdict {verdict!r} for group {gid!r}: not running")
-            self.counts.deadline_groups += 1
+            if overdue:
+                self.counts.overdue_groups += 1
+            if not g.truncating:  # a truncated group aborted after the grace is counted once
+                self.counts.deadline_groups += 1
             if verdict == "truncate":
                 g.truncating = True
                 for m in self._tracker.running(g.gid):
@@ -895,6 +920,9 @@ class Coordinator:
             self._check_head(ev.now, out, timer=True)
         elif ev.timer == WATCHDOG_TIMER:
             self._watchdog(ev.now, out)
+        elif ev.timer == DEADLINE_TIMER:
+            self._deadline_actions(ev.now, out, overdue=True)
+            out.append(_WAKE)  # the head may be ready now: the trainer asks again
         else:
             raise ProtocolError(f"TimerFired(timer={ev.timer!r}): no such timer")
         return out

@@ -210,15 +210,20 @@ class DeadlineBoundPolicy(BufferBacked):
         return batch
 
     def deadline_verdicts(
-        self, head: int, *, trainer_waiting: bool = False
+        self, head: int, *, trainer_waiting: bool = False, overdue: bool = False
     ) -> Sequence[tuple[Hashable, str]]:
         """The running groups whose deadline buffer ``V + η_h`` is ``head``, each with the
         deadline action, each once. The coordinator asks when ``head`` becomes the head and when
         the trainer waits for it; the policy acts at the moment ``at`` names: ``head`` (the
         first) or ``consume`` (the second: a group keeps generating while the trainer trains on
-        the batch before its deadline buffer)."""
-        if trainer_waiting != (self.at == "consume") or self.staleness == 0:
+        the batch before its deadline buffer). ``overdue`` (the trainer has waited the grace):
+        ``abort`` for every running group due at ``head``, and no other change."""
+        if self.staleness == 0:
             return []  # η_h = 0 is synchronous training: the trainer waits for every group
+        if overdue:  # the grace is over: abort what is still due, sentenced or not
+            return [(gid, "abort") for gid in self._due_running(head)]
+        if trainer_waiting != (self.at == "consume"):
+            return []
         due = [gid for gid in self._due_running(head) if gid not in self._sentenced]
         if self.action == "truncate":
             self._sentenced.update(due)

@@ -34,6 +34,7 @@ else:  # only type checkers read it
 
 
 __all__ = [
+    "DEADLINE_TIMER",
     "STUCK_TIMER",
     "WATCHDOG_TIMER",
     "AbortGroup",
@@ -108,6 +109,8 @@ STUCK_TIMER = "stuck"
 """The proactive filter's timer: the head buffer has been STUCK for ``stuck_timeout_s``."""
 WATCHDOG_TIMER = "watchdog"
 """The watchdog's timer: a group may have produced nothing for ``watchdog_timeout_s``."""
+DEADLINE_TIMER = "deadline"
+"""The deadline policy's grace: the trainer has waited ``deadline.grace_s`` for a due group."""
 
 # ----------------------------------------------------------------------------------- events
 

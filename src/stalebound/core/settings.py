@@ -73,6 +73,9 @@ class CoordinatorSettings:
     """``deadline`` only: ``truncate`` or ``abort`` a group still running at its deadline."""
     admission_margin: int = 0
     """``deadline`` only: admit only while AReaL's capacity exceeds this many groups."""
+    deadline_grace: float | None = None
+    """``deadline`` only: seconds the trainer waits for a due group before it is aborted
+    (``None``: waits for it)."""
     deadline_at: str = "consume"
     """``deadline`` only: act when the trainer asks for the deadline buffer (``consume``) or
     when it becomes the head (``head``)."""
@@ -185,6 +188,7 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
                 "deadline_action": dl.action,
                 "admission_margin": dl.margin,
                 "deadline_at": dl.at,
+                "deadline_grace": dl.grace_s,
             }
         ),
     )

@@ -104,6 +104,13 @@ class DeadlineConfig:
     already when that buffer becomes the head, one training step earlier (``head``)."""
     margin: int = field(default=1, metadata=bounds(ge=0, fix="e.g. 1 (the default)"))
     """Admit only while AReaL's capacity exceeds this many groups."""
+    grace_s: float | None = field(
+        default=None, metadata=bounds(ge=0, fix="give seconds, or null to wait for the group")
+    )
+    """How long the trainer waits, once it asks for a deadline buffer, for its due groups to land.
+    Truncation cuts a generation short but not a wait for a reward or a tool; a group still
+    running after the grace is aborted (its finished members are counted as discarded).
+    ``None`` waits for it."""
 
 
 @dataclass

@@ -120,3 +120,6 @@ class ExecutorStatistics:
     deadline_groups: int = 0
     """Running groups a deadline policy truncated or aborted when their deadline buffer became
     the head (always 0 for the buffer and capacity policies)."""
+    overdue_groups: int = 0
+    """Of those, groups aborted because they had not landed ``deadline.grace_s`` after the trainer
+    started waiting for them (a truncation cannot cut a wait for a reward or a tool)."""
