@@ -7,6 +7,7 @@ test chooses who straggles; ``abort`` returns the tokens generated so far
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 import pytest
@@ -22,6 +23,7 @@ def make(
     action: Literal["truncate", "abort"] = "truncate",
     at: Literal["consume", "head"] = "consume",
     group_size: int = 1,
+    grace: float | None = None,
 ) -> WorkflowExecutor:
     """B = 1, η_s = η_h = 1, one spare entry per buffer, no admission margin: g0 and g1 are admitted
     at version 0 and both reserve in buffer 1 (their deadline)."""
@@ -30,7 +32,7 @@ def make(
         staleness=1,
         consumer_batch_size=1,
         group_size=group_size,
-        deadline=DeadlineConfig(target=1, slack=1, margin=0, action=action, at=at),
+        deadline=DeadlineConfig(target=1, slack=1, margin=0, action=action, at=at, grace_s=grace),
     )
     return WorkflowExecutor(config, engine).initialize()
 
@@ -99,6 +101,37 @@ def test_a_group_aborted_at_its_deadline_counts_its_finished_members_as_discarde
         s = quiesce(ex, engine)
         assert s.deadline_groups == 1 and s.cancelled_members == {"deadline": 1}
         assert s.discarded_members == {"deadline": 1}  # the finished member, thrown away
+
+
+class ToolEpisode(Episode):
+    """A tool call, then one engine request."""
+
+    async def arun_episode(self, engine: Any, data: Any) -> dict[str, Any]:
+        await engine.tool(str(data))
+        return await super().arun_episode(engine, data)
+
+
+def test_a_group_waiting_on_a_tool_at_its_deadline_is_aborted_after_the_grace() -> None:
+    """Truncation cuts a generation, not a wait for a tool (or a reward): after the grace the
+    trainer stops waiting for the group and it is aborted."""
+    engine = ProtocolEngine()
+    with make(engine, grace=0.05) as ex:
+        ex.submit("g0", Episode())
+        ex.submit("g1", ToolEpisode())
+        quiesce(ex, engine)
+        engine.answer(engine.call("g0"))
+        quiesce(ex, engine)
+        ex.wait(1, timeout=60)  # buffer 0; buffer 1, g1's deadline, is the head
+        with pytest.raises(TimeoutError):  # the trainer asks for buffer 1: g1 is cut, in its tool
+            ex.wait(1, timeout=0.2)
+        deadline = time.monotonic() + 20
+        while ex.statistics().overdue_groups == 0:  # the grace's timer fires on the loop
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        s = quiesce(ex, engine)
+        assert (s.deadline_groups, s.overdue_groups) == (1, 1)
+        assert s.cancelled_members == {"deadline": 1} and s.consumed_trajectories == 1
+        assert ex.drain_outcomes()[-1][1] == "deadline"
 
 
 def test_truncation_needs_an_engine_that_can_abort() -> None:

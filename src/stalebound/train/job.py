@@ -224,6 +224,8 @@ def executor_metrics(es: ExecutorStatistics) -> dict[str, float]:
         "resumed_groups": float(es.resumed_groups),
         "aborted_tokens": float(sum(es.aborted_tokens.values())),
         "discarded_members": float(sum(es.discarded_members.values())),
+        "deadline_groups": float(es.deadline_groups),
+        "overdue_groups": float(es.overdue_groups),
         "stuck_seconds": es.stuck_seconds,
     }
 
