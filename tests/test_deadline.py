@@ -439,31 +439,40 @@ DeadlineMachine.TestCase.settings = settings(
 test_deadline_machine = DeadlineMachine.TestCase
 
 
-@pytest.mark.parametrize("at", ["consume", "head"])
-def test_the_coordinator_truncates_a_straggler_exactly_at_its_deadline(at: str) -> None:
-    """g0 and g1 start at version 0 with η_h = 1; g0 finishes, g1 straggles. Its deadline is
-    buffer 1: it is cut when buffer 1 becomes the head (``head``) or when the trainer asks for
-    buffer 1 (``consume``), and trained there with staleness 1."""
+def two_groups_started(**changes: Any) -> Coordinator:
+    """A deadline coordinator (η_s = η_h = 1, B = B′ = 1 with one spare entry, no margin; groups of
+    one unless ``changes`` say otherwise) that has admitted g0 and g1 at version 0."""
     s = CoordinatorSettings(
-        policy="deadline",
-        staleness=1,
-        batch_size=1,
-        buffer_size=1,
-        group_size=1,
-        group_redundancy=1,
-        max_concurrent=4,
-        queue_size=100,
-        request_timeout=None,
-        max_failures=10,
-        soft_staleness=1,
-        deadline_slack=1,
-        admission_margin=0,
-        deadline_at=at,
+        **{
+            "policy": "deadline",
+            "staleness": 1,
+            "batch_size": 1,
+            "buffer_size": 1,
+            "group_size": 1,
+            "group_redundancy": 1,
+            "max_concurrent": 4,
+            "queue_size": 100,
+            "request_timeout": None,
+            "max_failures": 10,
+            "soft_staleness": 1,
+            "deadline_slack": 1,
+            "admission_margin": 0,
+            **changes,
+        }
     )
     c = Coordinator(build_policy(s), s)
     c.handle(Submitted(0))
     c.handle(Submitted(1))
     c.handle(Dispatch(0.0, 0))
+    return c
+
+
+@pytest.mark.parametrize("at", ["consume", "head"])
+def test_the_coordinator_truncates_a_straggler_exactly_at_its_deadline(at: str) -> None:
+    """g0 and g1 start at version 0 with η_h = 1; g0 finishes, g1 straggles. Its deadline is
+    buffer 1: it is cut when buffer 1 becomes the head (``head``) or when the trainer asks for
+    buffer 1 (``consume``), and trained there with staleness 1."""
+    c = two_groups_started(deadline_at=at)
     assert c.handle(MemberFinished(MemberId(0, 0), 1.0, "r0")) != []
     cut = TruncateMember(MemberId(1, 0), "deadline")
     first = c.handle(BatchWanted(1, 2.0))
@@ -483,26 +492,7 @@ def test_the_coordinator_truncates_a_straggler_exactly_at_its_deadline(at: str) 
 def graced(grace: float) -> Coordinator:
     """η_h = 1, B = 1, groups of 2 with a spare entry per buffer; g0 and g1 start at version 0, g0
     finishes, one member of g1 finishes and the other (1, 1) straggles; buffer 0 is consumed."""
-    s = CoordinatorSettings(
-        policy="deadline",
-        staleness=1,
-        batch_size=1,
-        buffer_size=1,
-        group_size=2,
-        group_redundancy=2,
-        max_concurrent=4,
-        queue_size=100,
-        request_timeout=None,
-        max_failures=10,
-        soft_staleness=1,
-        deadline_slack=1,
-        admission_margin=0,
-        deadline_grace=grace,
-    )
-    c = Coordinator(build_policy(s), s)
-    c.handle(Submitted(0))
-    c.handle(Submitted(1))
-    c.handle(Dispatch(0.0, 0))
+    c = two_groups_started(group_size=2, group_redundancy=2, deadline_grace=grace)
     for m in [MemberId(0, 0), MemberId(0, 1), MemberId(1, 0)]:
         c.handle(MemberFinished(m, 1.0, "r"))
     (batch, *_) = c.handle(BatchWanted(1, 2.0))
