@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,35 +30,35 @@ KEYS = {
 }
 
 
-def short_run(out: Path, models: Path) -> list[str]:
-    """Overrides for a bench of a few steps, written to ``out``, models cached in ``models``."""
-    return [
-        "run.steps=4",
-        "train.warm_start_steps=5",
-        "run.eval_prompts=8",
-        "rollout.consumer_batch_size=8",
-        "task.reward_latency.median_s=0.01",
-        f"run.run_dir={out}",
-        f"engine.cache_dir={models}",
-    ]
+def bench_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags: str
+) -> tuple[Path, list[dict[str, Any]]]:
+    """``stalebound bench FLAGS --json`` for a few steps, written to ``tmp_path/bench`` (models
+    cached beside it): the run directory and the printed rows."""
+    out = tmp_path / "bench"
+    code = main(
+        [
+            "bench",
+            *flags,
+            "--json",
+            "run.steps=4",
+            "train.warm_start_steps=5",
+            "run.eval_prompts=8",
+            "rollout.consumer_batch_size=8",
+            "task.reward_latency.median_s=0.01",
+            f"run.run_dir={out}",
+            f"engine.cache_dir={tmp_path / 'models'}",
+        ]
+    )
+    assert code == 0
+    runs: list[dict[str, Any]] = json.loads(capsys.readouterr().out)["runs"]
+    return out, runs
 
 
 def test_bench_runs_each_bound_on_the_long_tail_workload_and_prints_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "bench"
-    code = main(
-        [
-            "bench",
-            "--staleness",
-            "0",
-            "2",
-            "--json",
-            *short_run(out, tmp_path / "models"),
-        ]
-    )
-    assert code == 0
-    runs = json.loads(capsys.readouterr().out)["runs"]
+    out, runs = bench_json(tmp_path, capsys, "--staleness", "0", "2")
     assert [r["staleness"] for r in runs] == [0, 2]
     assert json.loads((out / "bench.json").read_text())["runs"] == runs
     for r in runs:
@@ -82,21 +83,7 @@ def test_bench_rejects_a_staleness_flag_without_values(capsys: pytest.CaptureFix
 def test_bench_runs_policies_side_by_side_with_their_staleness_and_waste(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "bench"
-    code = main(
-        [
-            "bench",
-            "--policy",
-            "capacity",
-            "deadline",
-            "--staleness",
-            "1",
-            "--json",
-            *short_run(out, tmp_path / "models"),
-        ]
-    )
-    assert code == 0
-    runs = json.loads(capsys.readouterr().out)["runs"]
+    out, runs = bench_json(tmp_path, capsys, "--policy", "capacity", "deadline", "--staleness", "1")
     assert [(r["policy"], r["staleness"], r["hard_bound"]) for r in runs] == [
         ("capacity", 1, None),
         ("deadline", 1, 2),  # η_s = 1 admits as capacity does; η_h = 2η_s holds
