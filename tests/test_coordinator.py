@@ -166,23 +166,14 @@ def test_a_restored_coordinator_decides_on_the_restored_buffer() -> None:
     assert [a.sample for a in restarted] == [1] and restarted[0].group_id == 2
 
 
-def test_an_event_class_with_a_field_the_fast_init_would_skip_is_refused() -> None:
-    from dataclasses import field
-
-    from stalebound.core.events import _frozen
-
-    with pytest.raises(TypeError, match=r"Bad.extra: an event or action takes plain fields"):
-
-        @_frozen
-        class Bad:
-            extra: list[int] = field(default_factory=list)
-
-    @_frozen
-    class Good:
-        n: int
-        why: str = "x"
-
-    assert (Good(1).n, Good(1).why, Good(2, "y").why) == (1, "x", "y")
+def test_events_and_actions_compare_and_hash_by_type_and_fields() -> None:
+    a, b = ev.Paused(1.0), ev.Resumed(1.0)
+    assert a == ev.Paused(1.0) and hash(a) == hash(ev.Paused(1.0))
+    assert a != b  # the same fields in another type: another event
+    assert ev.AbortRequest((1, 0), "surplus") != ev.TruncateMember((1, 0), "surplus")
+    assert len({ev.Wake(), ev.Wake(), ev.CancelTimer("stuck")}) == 2
+    launch = ev.LaunchMember(MemberId(1, 0), 0)
+    assert launch == ev.LaunchMember(MemberId(1, 0), 0) != ev.LaunchMember(MemberId(1, 1), 0)
 
 
 def test_a_driver_draws_one_item_more_than_admission_takes_within_the_gate() -> None:

@@ -492,7 +492,7 @@ class Coordinator:
         out.append(StartGroup(gid, sample, version, buffer_version))
         members = self._tracker.start(gid, version)
         self.counts.launched_members += len(members)
-        out.extend(LaunchMember(m, version) for m in members)
+        out.extend([LaunchMember(m, version) for m in members])
 
     # ------------------------------------------------------------------ members
 
@@ -595,13 +595,11 @@ class Coordinator:
         versions, truncated = g.versions, g.truncated
         payload: tuple[HandedMember, ...]
         if versions is None and truncated is None:
-            payload = tuple((r, None, False) for r in done.members)
+            payload = tuple([(r, None, False) for r in done.members])
         else:
             vs = versions or {}
             cut = truncated or set()
-            payload = tuple(
-                (r, vs.get(r.member.number), r.member.number in cut) for r in done.members
-            )
+            payload = tuple([(r, vs.get(n := r.member.number), n in cut) for r in done.members])
             if truncated is not None:
                 self.counts.truncated_trajectories += sum(1 for _, _, t in payload if t)
         segments = (

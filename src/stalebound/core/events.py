@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from stalebound.core.groups import MemberId, MemberResult
@@ -76,33 +76,11 @@ _C = TypeVar("_C", bound=type)
 
 @dataclass_transform(frozen_default=True)
 def _frozen(cls: _C) -> _C:
-    """``@dataclass(frozen=True, slots=True)``, with an ``__init__`` that fills the slots through
-    their descriptors: a frozen dataclass's own ``__init__`` goes through ``object.__setattr__``
-    per field, which costs more than the rest of a driver's work per event. Same fields, same
-    defaults, same signature."""
-    made: Any = dataclass(frozen=True, slots=True)(cls)
-    namespace: dict[str, Any] = {}
-    params, body = [], []
-    for f in fields(made):
-        if f.default_factory is not MISSING or not f.init or hasattr(made, "__post_init__"):
-            raise TypeError(
-                f"{made.__qualname__}.{f.name}: an event or action takes plain fields with plain "
-                "defaults (no default_factory, init=False or __post_init__, which the generated "
-                "__init__ would skip); give a plain default or build the value in the driver"
-            )
-        namespace[f"_set_{f.name}"] = getattr(made, f.name).__set__
-        if f.default is MISSING:
-            params.append(f.name)
-        else:
-            namespace[f"_default_{f.name}"] = f.default
-            params.append(f"{f.name}=_default_{f.name}")
-        body.append(f"    _set_{f.name}(self, {f.name})")
-    source = f"def __init__(self, {', '.join(params)}):\n" + ("\n".join(body) or "    pass")
-    exec(source, namespace)
-    init = namespace["__init__"]
-    init.__qualname__ = f"{made.__qualname__}.__init__"
-    made.__init__ = init
-    return made  # type: ignore[no-any-return]
+    """A record of the class's annotated fields: frozen to the type checker (assigning a field is
+    a type error, and the package is type-checked), a plain ``@dataclass(slots=True)`` at run
+    time, equal and hashing by type and fields. A run-time freeze (``frozen=True``, or a named
+    tuple) makes building or reading every event dearer, and every trajectory pays for a few."""
+    return dataclass(slots=True, unsafe_hash=True)(cls)  # type: ignore[return-value]
 
 
 STUCK_TIMER = "stuck"

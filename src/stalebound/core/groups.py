@@ -125,7 +125,7 @@ class GroupTracker:
             raise ProtocolError(f"start(group_id={group_id!r}): the group is already running")
         g = _GroupMembers()
         self._groups[group_id] = g
-        return tuple(self._launch(group_id, g, version) for _ in range(self.group_redundancy))
+        return tuple([self._launch(group_id, g, version) for _ in range(self.group_redundancy)])
 
     def running_members(self) -> int:
         """Members running now, over every group in flight."""
@@ -139,21 +139,22 @@ class GroupTracker:
         """A member finished; returns :class:`GroupComplete` when it is the N-th."""
         if type(member) is not MemberId:  # the ids start() returns need no conversion
             member = _member("finish", member)
+        group_id, number = member  # unpacked: cheaper than the named fields, once per trajectory
         try:  # the common case without a call; any doubt goes through the checks below
-            g = self._groups[member.group_id]
-            number = member.number
+            g = self._groups[group_id]
             if type(number) is not int:
                 raise KeyError(number)
             version = g.running.pop(number)
         except (KeyError, TypeError):
-            g = self._group("finish", member.group_id)
+            g = self._group("finish", group_id)
             version = self._pop_running("finish", g, member)
-        g.finished.append(MemberResult(member, version, result))
-        if len(g.finished) < self.group_size:
+        finished = g.finished
+        finished.append(MemberResult(member, version, result))
+        if len(finished) < self.group_size:
             return None
-        del self._groups[member.group_id]
-        surplus = tuple(MemberId(member.group_id, i) for i in g.running)
-        return GroupComplete(member.group_id, tuple(g.finished), surplus)
+        del self._groups[group_id]
+        surplus = tuple([MemberId(group_id, i) for i in g.running])
+        return GroupComplete(group_id, tuple(finished), surplus)
 
     def fail(
         self, member: MemberId, cause: str = "failed", *, version: int

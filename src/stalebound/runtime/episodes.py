@@ -146,7 +146,7 @@ def output_tokens(response: Any) -> int:
 
 def token_versions(result: Any) -> tuple[int, ...] | None:
     """Per-token versions from a trajectory: key or attribute ``token_versions`` or ``versions``."""
-    if isinstance(result, (dict, Mapping)):  # dict first: the ABC check is slow
+    if type(result) is dict or isinstance(result, Mapping):  # dict first: the ABC check is slow
         tv = result.get("token_versions")
         if tv is None:
             tv = result.get("versions")
@@ -156,9 +156,11 @@ def token_versions(result: Any) -> tuple[int, ...] | None:
             tv = getattr(result, "versions", None)
     if tv is None:
         return None
+    if (type(tv) is tuple or type(tv) is list) and (not tv or type(tv[0]) is int):
+        return tuple(tv)  # the common case: a flat sequence of ints
     if hasattr(tv, "tolist"):  # a tensor or an array, possibly [1, seqlen]
         tv = tv.tolist()
-    if tv and isinstance(tv[0], list | tuple):  # one row per sequence: flatten
+    if tv and isinstance(tv[0], (list, tuple)):  # one row per sequence: flatten
         return tuple(int(x) for row in tv for x in row)
     return tuple(tv)
 
@@ -376,12 +378,13 @@ class Episodes:
 
     def launch(self, a: ev.LaunchMember) -> None:
         mid, relaunch = a.member, a.relaunch
-        group = self.groups[mid.group_id]
+        gid, number = mid
+        group = self.groups[gid]
         key = group.start_key
         if relaunch and self.deadlines is not None:
             key = self.deadlines.key()
             self.deadlines.watch(group, key)
-        m = group.members[mid.number] = MemberTask(group, mid, key)
+        m = group.members[number] = MemberTask(group, mid, key)
         engine = self.engine
         if self.abort is not None:  # only then are request ids of any use
             engine = m.engine = MemberEngine(engine, m, self.progressed, self._count_abort)
@@ -448,7 +451,7 @@ class Episodes:
         else:
             if m.cause is None:  # _ended, inlined: this is the path of every trajectory
                 group = m.group
-                del group.members[m.mid.number]
+                del group.members[m.mid[1]]
                 self.ended(m, result, None)
                 if not group.members:
                     self.forget_if_idle(group)

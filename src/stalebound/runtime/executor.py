@@ -219,7 +219,7 @@ class WorkflowExecutor(LoopThread):
         if self._engine_set_version is not None:
             self._engine_set_version(version)
         self._published = version
-        self._soon(self._guarded, partial(ev.VersionPublished, version), "set_version(%s)", version)
+        self._soon(self._guarded, partial(ev.VersionPublished, version), f"set_version({version})")
 
     # ------------------------------------------------------------------ submission
 
@@ -412,19 +412,16 @@ class WorkflowExecutor(LoopThread):
         assert self._loop is not None
         return self._loop.time()
 
-    def _guarded(self, event: Callable[[float], ev.Event], what: str, arg: object) -> None:
-        """:meth:`_handle` of ``event(now)`` (inlined: every trajectory takes this path); a failure,
-        building the event too, stops the executor loudly, naming ``what % (arg,)``."""
+    def _guarded(self, event: Callable[[float], ev.Event], what: str) -> None:
+        """:meth:`_handle` of ``event(now)``; a failure stops the executor loudly."""
         try:
-            event_ = event(self._loop.time())  # type: ignore[union-attr]
-            actions = self._coord.handle(event_)  # type: ignore[union-attr]
-            if self.action_log is not None:
-                self.action_log(event_, actions)
-            for action in actions:
-                self._carry_out[type(action)](action)
+            self._handle(event(self._now()))
         except Exception as e:
-            logger.exception("%s failed", what % (arg,))
-            self._handle(ev.StopRequested(f"{what % (arg,)} failed: {e!r}", self._now()))
+            self._failed(what, e)
+
+    def _failed(self, what: str, e: Exception) -> None:
+        logger.exception("%s failed", what)
+        self._handle(ev.StopRequested(f"{what} failed: {e!r}", self._now()))
 
     async def _dispatch_forever(self) -> None:
         wake = self._wake
@@ -482,19 +479,20 @@ class WorkflowExecutor(LoopThread):
     ) -> None:
         """An episode ended by itself (or timed out): tell the coordinator, guarded (its group
         has let it go: a failure reading its versions or the engine's must not vanish)."""
-
-        def event(now: float) -> ev.Event:
+        try:
             if failure is None and result is not None:  # the common case, without a call
-                return ev.MemberFinished(m.mid, now, result, token_versions(result))
-            return outcome_event(m, result, failure, now, self.get_version)
-
-        self._guarded(event, "handling the outcome of %s", m.mid)
+                now = self._loop.time()  # type: ignore[union-attr]
+                self._handle(ev.MemberFinished(m.mid, now, result, token_versions(result)))
+            else:
+                self._handle(outcome_event(m, result, failure, self._now(), self.get_version))
+        except Exception as e:
+            self._failed(f"handling the outcome of {m.mid}", e)
 
     def _progressed(self, member: MemberId) -> None:
         self._handle(ev.MemberProgress(member, self._now()))
 
     def _timer_fired(self, timer: str) -> None:
-        self._guarded(partial(ev.TimerFired, timer), "the %s timer", timer)
+        self._guarded(partial(ev.TimerFired, timer), f"the {timer} timer")
 
     # ------------------------------------------------------------------ actions out
 

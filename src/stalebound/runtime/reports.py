@@ -32,10 +32,10 @@ def trajectories(batch: ev.HandOverBatch) -> Iterator[tuple[int, tuple[Trajector
         yield (
             sample,
             tuple(
-                Trajectory(
-                    r.result, gid, r.member.number, r.version, v, v - r.version, tv, cut, sample
-                )
-                for r, tv, cut in g.members
+                [
+                    Trajectory(result, gid, member[1], version, v, v - version, tv, cut, sample)
+                    for (member, version, result), tv, cut in g.members
+                ]
             ),
         )
 
