@@ -264,15 +264,18 @@ def test_admission_is_areal_capacity_arithmetic_at_the_soft_target(
     concurrent: int,
 ) -> None:
     """Fed the same calls, the deadline policy admits exactly when AReaL's capacity at η_s (a
-    capacity policy with its own counter) exceeds the margin; the hard bound never refuses."""
+    capacity policy with its own counter) exceeds the margin, or is positive while the batch of
+    the current version still lacks groups; the hard bound never refuses."""
     p = policy(B, soft, soft + extra, slack=slack, margin=margin, concurrent=concurrent)
     ref = CapacityPolicy(CapacityCounter(concurrent, B, soft))
     running: list[int] = []
     next_id = 0
     for op, k in ops:
         if op == "admit":
-            expected = ref.capacity() > margin
-            assert p.capacity() == ref.capacity() - margin
+            cap, stat = ref.capacity(), ref.counter.stat
+            lacking = (ref.version + 1) * B - (stat.accepted + stat.running)
+            expected = cap > margin or (cap > 0 and lacking > 0)
+            assert p.capacity() == max(cap - margin, min(cap, lacking))
             got = p.try_admit(next_id)
             assert (got is not None) == expected
             if got is not None:
@@ -439,9 +442,9 @@ DeadlineMachine.TestCase.settings = settings(
 test_deadline_machine = DeadlineMachine.TestCase
 
 
-def two_groups_started(**changes: Any) -> Coordinator:
-    """A deadline coordinator (η_s = η_h = 1, B = B′ = 1 with one spare entry, no margin; groups of
-    one unless ``changes`` say otherwise) that has admitted g0 and g1 at version 0."""
+def deadline_coordinator(**changes: Any) -> Coordinator:
+    """A deadline coordinator: η_s = η_h = 1, B = B′ = 1 with one spare entry, no margin, groups of
+    one, unless ``changes`` say otherwise."""
     s = CoordinatorSettings(
         **{
             "policy": "deadline",
@@ -460,7 +463,12 @@ def two_groups_started(**changes: Any) -> Coordinator:
             **changes,
         }
     )
-    c = Coordinator(build_policy(s), s)
+    return Coordinator(build_policy(s), s)
+
+
+def two_groups_started(**changes: Any) -> Coordinator:
+    """:func:`deadline_coordinator` with ``changes`` that has admitted g0 and g1 at version 0."""
+    c = deadline_coordinator(**changes)
     c.handle(Submitted(0))
     c.handle(Submitted(1))
     c.handle(Dispatch(0.0, 0))
@@ -523,6 +531,34 @@ def test_a_due_group_that_lands_within_the_grace_is_trained_and_the_timer_cancel
     assert CancelTimer(DEADLINE_TIMER) in handed
     assert (c.counts.deadline_groups, c.counts.overdue_groups) == (1, 0)
     assert c.counts.discarded_members == {}
+
+
+def test_a_grace_in_steps_scales_with_the_trainers_median_step_once_two_are_known() -> None:
+    """η_s = η_h = 2, B = 1: g0, g1, g2 start at version 0; g0 and g1 finish, g2 straggles (its
+    deadline is buffer 2). Steps (a batch handed over → the next request) of 0.5 s and 0.25 s: the
+    grace is 0.5 × their median 0.375 s. With one step known the trainer would wait unbounded."""
+    c = deadline_coordinator(staleness=2, soft_staleness=2, deadline_grace_steps=0.5)
+    for sample in range(3):
+        c.handle(Submitted(sample))
+    started = c.handle(Dispatch(0.0, 0))
+    assert sum(isinstance(a, LaunchMember) for a in started) == 3
+    c.handle(MemberFinished(MemberId(0, 0), 0.5, "r0"))
+    c.handle(MemberFinished(MemberId(1, 0), 0.5, "r1"))
+    assert isinstance(c.handle(BatchWanted(1, 1.0))[0], HandOverBatch)
+    assert isinstance(c.handle(BatchWanted(1, 1.5))[0], HandOverBatch)  # a step of 0.5 s
+    waiting = c.handle(BatchWanted(1, 1.75))  # 0.25 s: buffer 2 is g2's deadline
+    assert waiting == [TruncateMember(MemberId(2, 0), "deadline"), ArmTimer(DEADLINE_TIMER, 1.9375)]
+
+
+def test_synchronous_deadline_admits_a_whole_batch_whatever_the_margin() -> None:
+    """η_s = η_h = 0 with margin 2: AReaL's capacity is B at first; the margin must not keep the
+    batch short, or it never fills (the trainer would wait forever)."""
+    p = policy(4, 0, 0, margin=2)
+    assert [p.try_admit(g) is not None for g in range(5)] == [True] * 4 + [False]
+    for g in range(4):
+        p.complete(g)
+    assert p.ready() and len(p.consume().groups) == 4
+    assert p.try_admit(4) is not None  # the next batch, at version 1
 
 
 def test_a_target_above_the_bound_is_refused_when_the_config_loads() -> None:

@@ -33,6 +33,7 @@ item is reported once (:class:`ReportDrop`) or handed over (:class:`HandOverBatc
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
@@ -41,6 +42,7 @@ from types import MappingProxyType
 from typing import Any, Protocol, cast, runtime_checkable
 
 from stalebound.core.buffer import BufferState, StalenessBuffer
+from stalebound.core.deadline import GRACE_WINDOW
 from stalebound.core.errors import ConfigError, InvariantError, ProtocolError, StaleboundError
 from stalebound.core.events import (
     DEADLINE_TIMER,
@@ -328,6 +330,10 @@ class Coordinator:
         )
         self._checking = False
         self._armed: dict[str, float] = {}
+        # the trainer's recent step times (a batch handed over → its next request), for a grace
+        # given in steps; when the last batch was handed over, until the next request
+        self._steps: deque[float] = deque(maxlen=GRACE_WINDOW)
+        self._handed_at: float | None = None
         self._handlers: dict[type, Callable[[Any], list[Action]]] = {
             Submitted: self._on_submitted,
             Dispatch: self._on_dispatch,
@@ -712,6 +718,9 @@ class Coordinator:
         out: list[Action] = []
         given = 0
         policy, guard, c = self.policy, self._guard, self.counts
+        if self._handed_at is not None:  # the trainer's first request since a batch: a step
+            self._steps.append(ev.now - self._handed_at)
+            self._handed_at = None
         while given < ev.groups:
             with guard:
                 if not policy.ready():
@@ -755,9 +764,11 @@ class Coordinator:
             self._disarm(DEADLINE_TIMER, out)  # a new head: its own grace, if it needs one
             self._deadline_actions(ev.now, out)
             self._check_head(ev.now, out)
+        if given:
+            self._handed_at = ev.now
         if given < ev.groups:  # the trainer waits on the head: a deadline policy may act now
             self._deadline_actions(ev.now, out, trainer_waiting=True)
-            grace = self.settings.deadline_grace
+            grace = self._grace()
             if (
                 grace is not None
                 and DEADLINE_TIMER not in self._armed
@@ -766,6 +777,14 @@ class Coordinator:
             ):
                 self._arm(DEADLINE_TIMER, ev.now + grace, out)
         return out
+
+    def _grace(self) -> float | None:
+        """Seconds the trainer waits for a due group: ``deadline_grace``, else
+        ``deadline_grace_steps`` × the median of its recent steps; ``None``: it waits."""
+        s = self.settings
+        if s.deadline_grace is not None or s.deadline_grace_steps is None or len(self._steps) < 2:
+            return s.deadline_grace
+        return s.deadline_grace_steps * statistics.median(self._steps)
 
     def _deadline_actions(
         self,

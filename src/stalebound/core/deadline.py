@@ -35,8 +35,10 @@ from stalebound.core.policy import Admission, BufferBacked, _not_a
 __all__ = [
     "DEADLINE_ACTIONS",
     "DEADLINE_MOMENTS",
+    "DEFAULT_GRACE_STEPS",
     "DEFAULT_MARGIN",
     "DEFAULT_SLACK",
+    "GRACE_WINDOW",
     "DeadlineBoundPolicy",
     "deadline_bounds",
     "deadline_knob_problems",
@@ -48,6 +50,11 @@ DEFAULT_MARGIN = 1
 """Admission margin in groups (``rollout.deadline.margin``), chosen on the simulator's presets."""
 DEFAULT_SLACK = 0
 """Entries per buffer beyond B′ (``rollout.deadline.slack``), chosen on the simulator's presets."""
+DEFAULT_GRACE_STEPS = 0.5
+"""The trainer's wait for a due group, in training steps (``rollout.deadline.grace_steps``),
+chosen on the real bench (docs/deadline.md)."""
+GRACE_WINDOW = 8
+"""The step time a grace in steps scales with: the median of the trainer's last this many steps."""
 
 
 def deadline_bounds(soft: int | None, hard: int | None) -> tuple[int, int]:
@@ -157,7 +164,15 @@ class DeadlineBoundPolicy(BufferBacked):
         """AReaL's capacity at η_s less the margin, and never more than the buffer has room for
         (with η_h ≥ η_s and B′ ≥ B the buffer never binds: its window is the larger)."""
         V = self.version if version is None else min(version, self.version)
-        return min(self.counter.capacity(V) - self.margin, self.buffer.capacity(V))
+        return min(self._admissible(V), self.buffer.capacity(V))
+
+    def _admissible(self, V: int) -> int:
+        """AReaL's capacity at η_s less the margin — except that the margin never keeps back a
+        group the batch of version ``V`` still lacks (at η_s = 0 it would never fill)."""
+        cap = self.counter.capacity(V)
+        s = self.counter.stat
+        short = (V + 1) * self.counter.consumer_batch_size - (s.accepted + s.running)
+        return max(cap - self.margin, min(cap, short))
 
     def try_admit(self, group_id: Hashable, version: int | None = None) -> Admission | None:
         if group_id in self.buffer:
@@ -165,7 +180,7 @@ class DeadlineBoundPolicy(BufferBacked):
                 f"try_admit(group_id={group_id!r}): the group is already in flight; use a fresh id"
             )
         V = self.version if version is None else version
-        if is_int(V) and 0 <= V <= self.version and self.counter.capacity(V) <= self.margin:
+        if is_int(V) and 0 <= V <= self.version and self._admissible(V) <= 0:
             return None
         r = self.buffer.try_reserve(group_id, version)
         if r is None:

@@ -75,7 +75,10 @@ class CoordinatorSettings:
     """``deadline`` only: admit only while AReaL's capacity exceeds this many groups."""
     deadline_grace: float | None = None
     """``deadline`` only: seconds the trainer waits for a due group before it is aborted
-    (``None``: waits for it)."""
+    (``None``: ``deadline_grace_steps``)."""
+    deadline_grace_steps: float | None = None
+    """``deadline`` only, when ``deadline_grace`` is ``None``: the wait in training steps (the
+    median of the trainer's recent step times; ``None``: waits for the group)."""
     deadline_at: str = "consume"
     """``deadline`` only: act when the trainer asks for the deadline buffer (``consume``) or
     when it becomes the head (``head``)."""
@@ -189,6 +192,7 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
                 "admission_margin": dl.margin,
                 "deadline_at": dl.at,
                 "deadline_grace": dl.grace_s,
+                "deadline_grace_steps": dl.grace_steps,
             }
         ),
     )

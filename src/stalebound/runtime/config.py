@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from stalebound.core.deadline import DEFAULT_GRACE_STEPS, DEFAULT_MARGIN, DEFAULT_SLACK
 from stalebound.typedconfig import Invalid, bounds, null_means
 
 __all__ = [
@@ -94,7 +95,9 @@ class DeadlineConfig:
     )
     """η_s, the soft admission target (AReaL's capacity arithmetic admits at it); at most
     ``rollout.staleness``, the hard bound η_h. ``None`` means η_h // 2."""
-    slack: int = field(default=0, metadata=bounds(ge=0, fix="e.g. 0 (the default)"))
+    slack: int = field(
+        default=DEFAULT_SLACK, metadata=bounds(ge=0, fix=f"e.g. {DEFAULT_SLACK} (the default)")
+    )
     """Entries per buffer beyond ``buffer_size``."""
     action: Literal["truncate", "abort"] = "truncate"
     """What happens to a group still running at its deadline: ``truncate`` keeps its partial
@@ -102,15 +105,25 @@ class DeadlineConfig:
     at: Literal["consume", "head"] = "consume"
     """When the deadline falls: when the trainer asks for the deadline buffer (``consume``), or
     already when that buffer becomes the head, one training step earlier (``head``)."""
-    margin: int = field(default=1, metadata=bounds(ge=0, fix="e.g. 1 (the default)"))
-    """Admit only while AReaL's capacity exceeds this many groups."""
+    margin: int = field(
+        default=DEFAULT_MARGIN, metadata=bounds(ge=0, fix=f"e.g. {DEFAULT_MARGIN} (the default)")
+    )
+    """Admit only while AReaL's capacity exceeds this many groups (never holding back a group the
+    next batch still lacks)."""
     grace_s: float | None = field(
         default=None, metadata=bounds(ge=0, fix="give seconds, or null to wait for the group")
     )
     """How long the trainer waits, once it asks for a deadline buffer, for its due groups to land.
     Truncation cuts a generation short but not a wait for a reward or a tool; a group still
     running after the grace is aborted (its finished members are counted as discarded).
-    ``None`` waits for it."""
+    ``None``: ``grace_steps``."""
+    grace_steps: float | None = field(
+        default=DEFAULT_GRACE_STEPS,
+        metadata=bounds(ge=0, fix="give a number of training steps, e.g. 0.5, or null to wait"),
+    )
+    """When ``grace_s`` is ``None``: the grace in training steps, a step being the median of the
+    trainer's last 8 (from a batch handed over to its next request). Before two steps are known,
+    and with ``None`` here too, the trainer waits for the group."""
 
 
 @dataclass

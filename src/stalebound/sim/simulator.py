@@ -40,7 +40,7 @@ from stalebound.core import (
     MemberId,
 )
 from stalebound.core.coordinator import Coordinator
-from stalebound.core.deadline import DEFAULT_MARGIN, DEFAULT_SLACK
+from stalebound.core.deadline import DEFAULT_GRACE_STEPS, DEFAULT_MARGIN, DEFAULT_SLACK
 from stalebound.core.events import (
     AbortGroup,
     AbortRequest,
@@ -522,6 +522,7 @@ def coordinator_settings(
         deadline_slack=DEFAULT_SLACK,
         deadline_action=spec.deadline_action,
         admission_margin=DEFAULT_MARGIN if deadline else 0,
+        deadline_grace_steps=DEFAULT_GRACE_STEPS if deadline else None,
         batch_size=B,
         buffer_size=buffer_size,
         group_size=N,
