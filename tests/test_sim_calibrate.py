@@ -10,7 +10,14 @@ import pytest
 
 from stalebound.cli import main
 from stalebound.core import ConfigError
-from stalebound.sim.calibrate import Calibration, calibrate, measure, predict, write_workload
+from stalebound.sim.calibrate import (
+    Calibration,
+    calibrate,
+    measure,
+    predict,
+    read_run_info,
+    write_workload,
+)
 from stalebound.sim.config import load_preset, load_workload
 from stalebound.sim.simulator import simulate
 
@@ -66,7 +73,8 @@ def within(e: dict[str, float]) -> bool:
 
 def test_the_calibrated_simulator_predicts_its_own_run(run: Path) -> None:
     cal = calibrate(run)
-    assert cal.run.policy == "buffer" and cal.run.staleness == 2
+    # the recipe's deadline policy, η_h = 4: the simulator's `deadline` at η_s = 2
+    assert cal.run.policy == "deadline" and cal.run.staleness == 2
     assert {f.key for f in cal.fits} >= {
         "engine.step_per_seq",
         "engine.prefill",
@@ -99,7 +107,7 @@ def test_the_written_workload_loads_and_simulates_the_same(run: Path, tmp_path: 
     loaded = load_workload(path)
     assert loaded.engine == cal.workload.engine
     assert loaded.trainer == cal.workload.trainer
-    a = simulate(loaded, "buffer", 2, steps=10)
+    a = simulate(loaded, cal.run.policy, cal.run.staleness, steps=10)
     b = predict(cal, steps=10)
     assert a.throughput == pytest.approx(b.throughput, rel=1e-3)
 
@@ -116,10 +124,10 @@ def test_the_command_prints_fits_and_the_prediction(
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.strip()]
     assert lines[0]["workload"] == str(out) and out.is_file()
     row = lines[1]
-    assert row["policy"] == "buffer" and row["staleness"] == 2
+    assert row["policy"] == "deadline" and row["staleness"] == 2
     assert set(row["predicted"]) == set(row["measured"])
     what_if = lines[2]  # the run's policy at the η asked for
-    assert what_if["policy"] == "buffer" and what_if["staleness"] == 0
+    assert what_if["policy"] == "deadline" and what_if["staleness"] == 0
     assert what_if["violations"] == 0
 
 
@@ -186,3 +194,38 @@ def test_a_damaged_run_is_refused_naming_the_file(
     run_dir = _broken_run(tmp_path, metrics, staleness)
     with pytest.raises(ConfigError, match=message):
         calibrate(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("deadline", "hard", "expected"),
+    [
+        ("{}", 4, ("deadline", 2)),
+        ("{target: 3}", 3, ("deadline-tight", 3)),
+        ("{target: 1, action: abort}", 2, ("deadline-abort", 1)),
+    ],
+)
+def test_a_deadline_run_is_simulated_as_the_deadline_policy_at_its_soft_target(
+    tmp_path: Path, deadline: str, hard: int, expected: tuple[str, int]
+) -> None:
+    (tmp_path / "config.yaml").write_text(
+        f"rollout: {{staleness_policy: deadline, staleness: {hard}, deadline: {deadline},"
+        " consumer_batch_size: 1, group_size: 2}\n"
+        "engine: {kind: local, replicas: 1, max_batch_size: 8}\nrun: {steps: 3}\n"
+    )
+    info = read_run_info(tmp_path)
+    assert (info.policy, info.staleness) == expected
+
+
+def test_a_deadline_run_the_simulator_cannot_model_is_refused_with_the_way_out(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "config.yaml").write_text(
+        "rollout: {staleness_policy: deadline, staleness: 3, deadline: {target: 1},"
+        " consumer_batch_size: 1, group_size: 2}\n"
+        "engine: {kind: local, replicas: 1, max_batch_size: 8}\nrun: {steps: 3}\n"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout.deadline.target=1 with rollout.staleness=3 and rollout.deadline.action=truncate: none",
+    ):
+        read_run_info(tmp_path)

@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from stalebound.core.deadline import deadline_bounds
 from stalebound.core.errors import ConfigError, ProtocolError
 from stalebound.obs.records import METRICS_FILE, STALENESS_FILE, StalenessHistogram, read_jsonl
 from stalebound.obs.trace import TrajectoryRecord, read_trace
@@ -49,7 +50,7 @@ from stalebound.sim.config import (
     WorkloadConfig,
     workload_from_dict,
 )
-from stalebound.sim.simulator import SimResult, simulate
+from stalebound.sim.simulator import POLICIES, SimResult, policy_spec, simulate
 
 __all__ = [
     "Calibration",
@@ -184,6 +185,23 @@ def _steps(run_dir: Path) -> list[dict[str, float]]:
     return steps
 
 
+def _deadline_spec(deadline: dict[str, Any], hard: int) -> tuple[str, int]:
+    """The simulator's deadline policy (one of :data:`POLICIES`) and its η — the soft target —
+    for a run's ``rollout.deadline`` section and hard bound."""
+    soft, hard = deadline_bounds(deadline.get("target"), hard)
+    action = deadline.get("action", "truncate")
+    for name in POLICIES:
+        spec = policy_spec(name)
+        if (spec.kind, spec.deadline_action, soft * spec.hard_factor) == ("deadline", action, hard):
+            return name, soft
+    raise ConfigError(
+        f"calibrate: rollout.deadline.target={soft} with rollout.staleness={hard} and "
+        f"rollout.deadline.action={action}: none of the simulator's deadline policies (η_h = 2·η_s, "
+        "or η_s with truncation) runs that; simulate the run's workload with --policy deadline "
+        "--staleness N instead"
+    )
+
+
 def read_run_info(run_dir: str | Path) -> RunInfo:
     """The policy, η, batch and engines of the run in ``run_dir`` (its ``config.yaml``)."""
     path = _need_file(Path(run_dir), "config.yaml")
@@ -194,11 +212,14 @@ def read_run_info(run_dir: str | Path) -> RunInfo:
         policy = str(rollout["staleness_policy"])
         if policy == "buffer" and method in ("retry", "truncate"):
             policy = f"buffer+{method}"
+        # runs written before the bound had one key store it under AReaL's name
+        staleness = int(rollout.get("staleness", rollout.get(AREAL_STALENESS_NAME)))
+        if policy == "deadline":
+            policy, staleness = _deadline_spec(rollout.get("deadline") or {}, staleness)
         local = engine.get("kind", "local") == "local"
         return RunInfo(
             policy=policy,
-            # runs written before the bound had one key store it under AReaL's name
-            staleness=int(rollout.get("staleness", rollout.get(AREAL_STALENESS_NAME))),
+            staleness=staleness,
             groups=int(rollout["consumer_batch_size"]),
             group_size=int(rollout["group_size"]),
             steps=int(run["steps"]),
@@ -207,6 +228,8 @@ def read_run_info(run_dir: str | Path) -> RunInfo:
             max_in_flight=engine.get("max_in_flight_per_engine"),
             max_concurrent_groups=rollout.get("max_concurrent_rollouts"),
         )
+    except ConfigError:
+        raise
     except (KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
         raise ConfigError(
             f"calibrate: {path} does not read as a stalebound run config ({type(exc).__name__}: "
