@@ -15,6 +15,7 @@ import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -110,6 +111,30 @@ def _write(run_dir: Path, step: int, **overrides: Any) -> Path:
     }
     parts.update(overrides)
     return ck.write_checkpoint(run_dir, step, step, **parts)
+
+
+@pytest.mark.parametrize("free", [10, 10**12])
+def test_a_library_error_on_a_full_disk_is_named_for_what_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, free: int
+) -> None:
+    """torch reports running out of room mid-write as its own error ("unexpected pos …"); when
+    the disk has less room than the last checkpoint took, the message says the disk is full."""
+    first = _write(tmp_path, 1)
+    need = ck._checkpoint_bytes(first)
+    assert need > 0
+
+    def cut_short(directory: Path) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(ck.shutil, "disk_usage", lambda _: SimpleNamespace(free=free))
+    with pytest.raises(ck.CheckpointWriteError) as caught:
+        _write(tmp_path, 2, save_model=cut_short)
+    message = str(caught.value)
+    full = "No space left on device: RuntimeError: [enforce fail"
+    assert message.startswith(f"writing the checkpoint of step 2 failed: {full}") == (free < need)
+    assert f"{free} bytes free on that disk" in message and "['step-000001'] are intact" in message
+    if free < need:
+        assert f"a checkpoint takes {need}" in message
 
 
 def _resign(checkpoint: Path) -> None:

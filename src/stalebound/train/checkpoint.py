@@ -26,6 +26,7 @@ a checkpoint runs no code from it: nothing in it is unpickled.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -303,7 +304,12 @@ def write_checkpoint(
         else:
             why = f"{type(exc).__name__}: {exc} ({final}"
         with contextlib.suppress(OSError):
-            why += f"; {shutil.disk_usage(run_dir).free} bytes free on that disk"
+            free = shutil.disk_usage(run_dir).free
+            why += f"; {free} bytes free on that disk"
+            need = _checkpoint_bytes(root / kept[-1]) if kept else 0
+            if free < need and getattr(exc, "errno", None) != errno.ENOSPC:
+                # the library's own error hides the cause: a checkpoint no longer fits
+                why = f"No space left on device: {why}, a checkpoint takes {need}"
         raise CheckpointWriteError(
             f"writing the checkpoint of step {step} failed: {why})"
             + (f"; the earlier checkpoints {kept} are intact" if kept else "")
@@ -312,6 +318,15 @@ def write_checkpoint(
         if old_dir != final:
             shutil.rmtree(old_dir, ignore_errors=True)
     return final
+
+
+def _checkpoint_bytes(where: Path) -> int:
+    """The bytes a written checkpoint holds, from its manifest (0 if it does not read)."""
+    try:
+        files = json.loads((where / MANIFEST).read_text())["files"]
+        return sum(int(f["bytes"]) for f in files.values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0
 
 
 def run_dir_of(path: str | Path) -> Path:
