@@ -63,11 +63,15 @@ def test_bench_runs_each_bound_on_the_long_tail_workload_and_prints_json(
     assert json.loads((out / "bench.json").read_text())["runs"] == runs
     for r in runs:
         assert set(r) >= KEYS
-        assert r["policy"] == "buffer" and r["violations"] == 0
-        assert r["max_staleness"] <= r["staleness"]
+        # the recipe's policy: --staleness is its soft target η_s, the hard bound η_h = 2·η_s
+        assert r["policy"] == "deadline" and r["violations"] == 0
+        assert r["hard_bound"] == 2 * r["staleness"] and r["max_staleness"] <= r["hard_bound"]
         assert r["trajectories_per_s"] > 0 and 0 <= r["trainer_idle_fraction"] <= 1
         cfg = load_config([out / f"eta{r['staleness']}" / "config.yaml"])
-        assert cfg.rollout.staleness == r["staleness"]
+        assert (cfg.rollout.deadline.target, cfg.rollout.staleness) == (
+            r["staleness"],
+            r["hard_bound"],
+        )
         # the bench recipe's verifier latency, with the command line's median on top
         assert cfg.task.reward_latency.distribution == "lognormal"
         assert cfg.task.reward_latency.median_s == 0.01

@@ -21,7 +21,16 @@ WARM_START_STEPS = 100
 @pytest.fixture(scope="module")
 def run(qwen2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("byom-run") / "r"
-    common = ["run.live=false", "run.plots=false", "run.tensorboard=false"]
+    # the buffer policy at η = 2, as in docs/models.md: this test is about the user's model (its
+    # tokenizer, template, stop ids and resume); the recipe's deadline policy is trained end to
+    # end in test_train_job.py
+    common = [
+        "run.live=false",
+        "run.plots=false",
+        "run.tensorboard=false",
+        "rollout.staleness_policy=buffer",
+        "rollout.staleness=2",
+    ]
     code = main(
         [
             "train",

@@ -360,7 +360,11 @@ def test_failing_and_hanging_workflows_are_counted_and_nothing_is_lost(
             """
         )
     )
-    args = train_args(run_dir, models, "rollout.request_timeout=3")
+    # the buffer policy waits for a hung episode until rollout.request_timeout cuts it off (the
+    # recipe's deadline policy would abort its group at the deadline first, as overdue_groups)
+    args = train_args(
+        run_dir, models, "rollout.request_timeout=3", "rollout.staleness_policy=buffer"
+    )
     out = tmp_path / "faulty.log"
     with out.open("w") as f:
         code = subprocess.run(

@@ -159,6 +159,7 @@ FULL_GRID = Grid(
 """What ``stalebound ablate --full`` trains (the bench's 80 steps; hours on 2 cores)."""
 
 ABLATE_SETTINGS = (
+    "rollout.staleness_policy=buffer",
     "train.minibatches=4",
     "run.checkpoint_every_steps=0",
     "run.checkpoint_every_s=0",
@@ -166,7 +167,8 @@ ABLATE_SETTINGS = (
     "run.tensorboard=false",
     "run.trace=false",
 )
-"""What the grid puts on top of the bench workload before the command line: several optimizer
+"""What the grid puts on top of the bench workload before the command line: the buffer policy, so
+that η is the staleness the data is trained at (nearly all of it at exactly η); several optimizer
 steps per training step, so the proximal policy differs from the current one and clipping acts;
 one checkpoint, at the end (the final policy is evaluated from it); no TensorBoard files or
 traces."""
@@ -507,10 +509,10 @@ HELP = """usage: stalebound ablate [CONFIG.yaml ...] [key=value ...] [--full]
        [--tis-cap 2] [--json | --markdown]
 
 Trains every (η, objective, seed) of a grid on the bench workload (the train recipe, then
-configs/bench.yaml, then train.minibatches=4 and one checkpoint at the end, then the command
-line) and prints, per objective and η, medians over seeds [min–max] with their gap to η = 0 of
-the final training reward (last 5 steps) and of the final weights' sampled reward (256 prompts ×
-4 samples), greedy accuracy, time to run.target_reward, staleness, clip fraction, the ratio
+configs/bench.yaml, then the buffer policy, train.minibatches=4 and one checkpoint at the end,
+then the command line) and prints, per objective and η, medians over seeds [min–max] with their
+gap to η = 0 of the final training reward (last 5 steps) and of the final weights' sampled
+reward (256 prompts × 4 samples), greedy accuracy, time to run.target_reward, staleness, clip fraction, the ratio
 π_θ/π_behav and the masked fraction (--markdown: as a Markdown table). Writes OUT/ablate.json,
 OUT/ablate.png (both rewards against η) and a JSON file and run directory per row (OUT =
 run.run_dir, default runs/ablate-DATE-TIME). Rows already finished in OUT with the same

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from stalebound.config import StaleboundConfig
-from stalebound.core import BufferPolicy, StaleboundError, StalenessPolicy
+from stalebound.core import StaleboundError, StalenessPolicy
+from stalebound.core.policy import BufferBacked
 from stalebound.engines.protocol import GenerateRequest, GenerateResponse, SamplingParams
 from stalebound.obs.records import BufferRow, buffer_rows
 
@@ -231,7 +232,7 @@ def executor_metrics(es: ExecutorStatistics) -> dict[str, float]:
 
 
 def head_rows(policy: StalenessPolicy) -> tuple[int, list[BufferRow]]:
-    if isinstance(policy, BufferPolicy):
+    if isinstance(policy, BufferBacked):  # the buffer and the deadline policies
         return policy.version, buffer_rows(policy.buffer)
     return policy.version, []
 
