@@ -490,7 +490,10 @@ class StalenessBuffer:
         self._next_seq = seq + 1
         g.seq = seq
         g.payload = payload
-        _move(g, _OCCUPY)
+        state = _NEXT[g.state][_OCCUPY]  # _move, inlined: every trained group passes here
+        if state < 0:
+            _move(g, _OCCUPY)  # raises, naming the move the table lacks
+        g.state = state
         g.buffer = b
         buffers[b].occupied.append(g)  # the newest seq: the list stays in occupy order
         self._occupied_total += 1
