@@ -50,7 +50,7 @@ DEFAULT_MARGIN = 1
 """Admission margin in groups (``rollout.deadline.margin``), chosen on the simulator's presets."""
 DEFAULT_SLACK = 0
 """Entries per buffer beyond B′ (``rollout.deadline.slack``), chosen on the simulator's presets."""
-DEFAULT_GRACE_STEPS = 0.5
+DEFAULT_GRACE_STEPS = 0.25
 """The trainer's wait for a due group, in training steps (``rollout.deadline.grace_steps``),
 chosen on the real bench (docs/deadline.md)."""
 GRACE_WINDOW = 8

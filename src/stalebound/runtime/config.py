@@ -119,7 +119,7 @@ class DeadlineConfig:
     ``None``: ``grace_steps``."""
     grace_steps: float | None = field(
         default=DEFAULT_GRACE_STEPS,
-        metadata=bounds(ge=0, fix="give a number of training steps, e.g. 0.5, or null to wait"),
+        metadata=bounds(ge=0, fix="give a number of training steps, e.g. 0.25, or null to wait"),
     )
     """When ``grace_s`` is ``None``: the grace in training steps, a step being the median of the
     trainer's last 8 (from a batch handed over to its next request). Before two steps are known,
