@@ -550,6 +550,21 @@ def test_a_grace_in_steps_scales_with_the_trainers_median_step_once_two_are_know
     assert waiting == [TruncateMember(MemberId(2, 0), "deadline"), ArmTimer(DEADLINE_TIMER, 1.9375)]
 
 
+def test_a_request_met_in_two_parts_is_not_counted_as_a_step() -> None:
+    """The trainer asks for 2 groups at 1.0 s and gets g0; g1 lands and the rest of the request
+    is met at 1.1 s. Its step starts then: 1.1 → 1.6 s is the one step known, so at g2's deadline
+    the trainer waits without a grace (counting 1.0 → 1.1 s as a step would arm one)."""
+    c = deadline_coordinator(staleness=2, soft_staleness=2, deadline_grace_steps=0.5)
+    for sample in range(3):
+        c.handle(Submitted(sample))
+    c.handle(Dispatch(0.0, 0))
+    c.handle(MemberFinished(MemberId(0, 0), 0.5, "r0"))
+    assert isinstance(c.handle(BatchWanted(2, 1.0))[0], HandOverBatch)  # g0 of the two
+    c.handle(MemberFinished(MemberId(1, 0), 1.05, "r1"))
+    assert isinstance(c.handle(BatchWanted(1, 1.1))[0], HandOverBatch)  # the request is met
+    assert c.handle(BatchWanted(1, 1.6)) == [TruncateMember(MemberId(2, 0), "deadline")]
+
+
 def test_synchronous_deadline_admits_a_whole_batch_whatever_the_margin() -> None:
     """η_s = η_h = 0 with margin 2: AReaL's capacity is B at first; the margin must not keep the
     batch short, or it never fills (the trainer would wait forever)."""

@@ -764,7 +764,7 @@ class Coordinator:
             self._disarm(DEADLINE_TIMER, out)  # a new head: its own grace, if it needs one
             self._deadline_actions(ev.now, out)
             self._check_head(ev.now, out)
-        if given:
+        if given and given >= ev.groups:  # the request is met: the trainer's step starts
             self._handed_at = ev.now
         if given < ev.groups:  # the trainer waits on the head: a deadline policy may act now
             self._deadline_actions(ev.now, out, trainer_waiting=True)
