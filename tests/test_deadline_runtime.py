@@ -7,6 +7,7 @@ test chooses who straggles; ``abort`` returns the tokens generated so far
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Literal
 
@@ -15,7 +16,8 @@ import pytest
 from scripted import Episode, ProtocolEngine, quiesce
 from stalebound.config import DeadlineConfig, RolloutConfig
 from stalebound.core import ConfigError
-from stalebound.runtime import WorkflowExecutor
+from stalebound.runtime import EpisodeTruncated, WorkflowExecutor, interruptible
+from stalebound.runtime.cut import _EPISODE, CutSignal
 
 
 def make(
@@ -132,6 +134,87 @@ def test_a_group_waiting_on_a_tool_at_its_deadline_is_aborted_after_the_grace() 
         assert (s.deadline_groups, s.overdue_groups) == (1, 1)
         assert s.cancelled_members == {"deadline": 1} and s.consumed_trajectories == 1
         assert ex.drain_outcomes()[-1][1] == "deadline"
+
+
+class CuttableToolEpisode(Episode):
+    """A tool call awaited through ``interruptible``, then one engine request; cut during the
+    tool, the episode ends with what it has."""
+
+    async def arun_episode(self, engine: Any, data: Any) -> dict[str, Any]:
+        try:
+            await interruptible(engine.tool(str(data)))
+        except EpisodeTruncated:
+            return {"prompt": str(data), "tokens": 0, "finish_reason": "cut in its tool"}
+        return await super().arun_episode(engine, data)
+
+
+def test_a_tool_awaited_through_interruptible_is_cut_at_the_deadline_and_trained() -> None:
+    """The workflow's own wait ends at the truncation: the group lands in its deadline buffer at
+    once and is trained, truncated — the trainer does not wait out the grace (a minute here)."""
+    engine = ProtocolEngine()
+    with make(engine, grace=60.0) as ex:
+        ex.submit("g0", Episode())
+        ex.submit("g1", CuttableToolEpisode())
+        quiesce(ex, engine)
+        tool = engine.call("g1")
+        engine.answer(engine.call("g0"))
+        quiesce(ex, engine)
+        ex.wait(1, timeout=60)  # buffer 0; buffer 1, g1's deadline, is the head
+        assert not tool.done  # consume: the tool runs on while the trainer trains
+        (cut,) = ex.wait(1, timeout=20)  # the trainer asks for buffer 1: g1 is cut in its tool
+        s = quiesce(ex, engine)
+        assert tool.done and engine.pending() == []  # the tool call itself was cancelled
+        assert cut.data == {"prompt": "g1", "tokens": 0, "finish_reason": "cut in its tool"}
+        assert cut.truncated and cut.staleness == 1
+        assert (s.deadline_groups, s.overdue_groups, s.truncated_trajectories) == (1, 0, 1)
+        assert s.cancelled_members == {} and s.policy.violations == 0
+
+
+def test_interruptible_outside_an_episode_just_awaits() -> None:
+    async def main() -> int:
+        async def value() -> int:
+            await asyncio.sleep(0)
+            return 7
+
+        return await interruptible(value())
+
+    assert asyncio.run(main()) == 7
+
+
+def test_interruptible_ends_the_wait_under_way_or_refuses_a_new_one_once_cut() -> None:
+    async def main() -> list[str]:
+        signal = CutSignal()
+        seen: list[str] = []
+        forever = asyncio.get_running_loop().create_future()
+
+        async def episode() -> None:
+            try:
+                await interruptible(forever)
+            except EpisodeTruncated as e:
+                seen.append(str(e))
+            never = asyncio.sleep(3600)
+            try:
+                await interruptible(never)
+            except EpisodeTruncated as e:
+                seen.append(str(e))
+
+        async def run() -> None:
+            _EPISODE.set(signal)  # what the executor does in each member's task
+            await episode()
+
+        task = asyncio.ensure_future(run())
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the episode waits on `forever`
+        assert seen == [] and not forever.done()
+        signal.cut()
+        await task
+        assert forever.cancelled()  # the wait's awaitable is cancelled, not left running
+        return seen
+
+    assert asyncio.run(main()) == [
+        "the episode was truncated during this wait",
+        "the episode was truncated before this wait",
+    ]
 
 
 def test_truncation_needs_an_engine_that_can_abort() -> None:

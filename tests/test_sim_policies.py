@@ -177,3 +177,25 @@ def test_the_proactive_filter_decides_as_the_runtime_does() -> None:
     Simulation(tail(), "buffer+retry", 1, seed=0, action_log=count).run()
     assert retries
     assert max(retries) <= sim.settings.max_retries
+
+
+@pytest.mark.parametrize("cut_tools", [True, False])
+def test_a_truncation_in_a_tool_call_ends_it_at_once_or_waits_as_the_workload_says(
+    cut_tools: bool,
+) -> None:
+    # Tool calls of 3 training steps: deadlines fall during them. Cut, the episode returns at
+    # once (as a workflow awaiting its tools through `interruptible` does) and is trained
+    # truncated; not cut, the trainer waits the grace and then aborts the group.
+    cfg = tail(
+        agent={
+            "turns": 2,
+            "tool_latency": {"distribution": "fixed", "value": 1.5},
+            "cut_tools": cut_tools,
+        }
+    )
+    r = simulate(cfg, "deadline-tight", 1, seed=0)
+    assert r.violations == 0 and r.counts["truncated_trained"] > 0
+    if cut_tools:
+        assert r.counts.get("deadline", 0) == 0 and r.wasted_fraction == 0
+    else:
+        assert r.counts["deadline"] > 0 and r.wasted_fraction > 0

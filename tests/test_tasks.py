@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from stalebound.core.errors import ConfigError
+from stalebound.runtime.cut import _EPISODE, CutSignal
 from stalebound.tasks import (
     CHARSET,
     LatencyConfig,
@@ -30,6 +31,7 @@ from stalebound.tasks import (
     register_task,
     sample_latency,
 )
+from stalebound.tasks.base import Trajectory
 from stalebound.tasks.calculator import calculate, parse_tool_call
 from stalebound.tasks.config import CalculatorConfig, StringsConfig
 from train_helpers import EOS, CharTokenizer
@@ -328,6 +330,31 @@ def test_tool_calls_really_wait() -> None:
     traj = asyncio.run(make_task(cfg).workflow(tok).run(model, Sample("0", "2*3+4", "10")))
     assert time.perf_counter() - t0 >= 0.05
     assert traj.metrics["tool_wait_s"] == pytest.approx(0.05)
+
+
+def test_a_calculator_episode_cut_during_its_tool_call_ends_truncated_at_once() -> None:
+    tok = CharTokenizer()
+    cfg = TaskConfig(name="calculator")
+    cfg.calculator.latency = LatencyConfig(distribution="constant", median_s=3600.0, cap_s=3600.0)
+    model = ScriptedModel(tok, ["[2*3]", "10"], version=0)
+    signal = CutSignal()
+
+    async def episode() -> Trajectory:
+        _EPISODE.set(signal)  # what the executor does in each member's task
+        return await make_task(cfg).workflow(tok).run(model, Sample("0", "2*3+4", "10"))
+
+    async def main() -> Trajectory:
+        task = asyncio.ensure_future(episode())
+        while not model.calls:  # the first turn is generated, then the tool call starts
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        signal.cut()  # an hour's tool call: only the cut can end it
+        return await asyncio.wait_for(task, 60)
+
+    traj = asyncio.run(main())
+    assert traj.truncated and traj.reward == 0.0 and len(model.calls) == 1
+    assert traj.output_ids == [*tok.encode("[2*3]", add_special_tokens=False), EOS]
+    assert traj.metrics["tool_calls"] == 1.0 and traj.metrics["tool_wait_s"] == 0.0
 
 
 @pytest.mark.parametrize("dist", ["lognormal", "pareto"])

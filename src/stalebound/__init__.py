@@ -28,7 +28,14 @@ from stalebound.core import (
 )
 
 if TYPE_CHECKING:
-    from stalebound.runtime import RolloutStat, StalenessManager, VersionProvider, WorkflowExecutor
+    from stalebound.runtime import (
+        EpisodeTruncated,
+        RolloutStat,
+        StalenessManager,
+        VersionProvider,
+        WorkflowExecutor,
+        interruptible,
+    )
 
 __version__ = "0.1.0"
 
@@ -36,7 +43,15 @@ __version__ = "0.1.0"
 __getattr__ = lazy_attributes(
     __name__,
     dict.fromkeys(
-        ("RolloutStat", "StalenessManager", "VersionProvider", "WorkflowExecutor"), "runtime"
+        (
+            "EpisodeTruncated",
+            "RolloutStat",
+            "StalenessManager",
+            "VersionProvider",
+            "WorkflowExecutor",
+            "interruptible",
+        ),
+        "runtime",
     ),
 )
 
@@ -48,6 +63,7 @@ __all__ = [
     "ConsumedBatch",
     "ConsumedGroup",
     "EntryState",
+    "EpisodeTruncated",
     "GroupComplete",
     "GroupFailed",
     "GroupTracker",
@@ -64,4 +80,5 @@ __all__ = [
     "VersionProvider",
     "WorkflowExecutor",
     "__version__",
+    "interruptible",
 ]

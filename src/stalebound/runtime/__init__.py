@@ -1,6 +1,7 @@
 """The asyncio runtime: AReaL's ``StalenessManager`` and the ``WorkflowExecutor`` that drives a
 staleness policy with real rollout workflows."""
 
+from stalebound.runtime.cut import EpisodeTruncated, interruptible
 from stalebound.runtime.executor import (
     ExecutorStatistics,
     RolloutError,
@@ -11,6 +12,7 @@ from stalebound.runtime.executor import (
 from stalebound.runtime.staleness_manager import RolloutStat, StalenessManager, VersionProvider
 
 __all__ = [
+    "EpisodeTruncated",
     "ExecutorStatistics",
     "RolloutError",
     "RolloutStat",
@@ -19,4 +21,5 @@ __all__ = [
     "VersionProvider",
     "WorkflowExecutor",
     "WorkflowProtocol",
+    "interruptible",
 ]

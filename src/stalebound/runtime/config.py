@@ -114,8 +114,9 @@ class DeadlineConfig:
         default=None, metadata=bounds(ge=0, fix="give seconds, or null to wait for the group")
     )
     """How long the trainer waits, once it asks for a deadline buffer, for its due groups to land.
-    Truncation cuts a generation short but not a wait for a reward or a tool; a group still
-    running after the grace is aborted (its finished members are counted as discarded).
+    Truncation cuts a generation short, and a tool call the workflow awaits through
+    :func:`~stalebound.runtime.interruptible`, but not a wait for a reward or any other wait; a
+    group still running after the grace is aborted (its finished members are counted as discarded).
     ``None``: ``grace_steps``."""
     grace_steps: float | None = field(
         default=DEFAULT_GRACE_STEPS,

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from stalebound.core import ConfigError, MemberId, ProtocolError
 from stalebound.core import events as ev
+from stalebound.runtime.cut import _EPISODE, CutSignal
 
 logger = logging.getLogger("stalebound.runtime.executor")  # the executor's log, as before
 
@@ -67,8 +68,9 @@ class GroupTasks:
         self.start_key = start_key  # the timeout bucket of the members launched with the group
 
 
-class MemberTask:
-    """One running episode."""
+class MemberTask(CutSignal):
+    """One running episode (its :class:`~stalebound.runtime.cut.CutSignal` is what
+    :func:`~stalebound.runtime.cut.interruptible` waits on)."""
 
     __slots__ = (
         "cause",
@@ -79,10 +81,10 @@ class MemberTask:
         "mid",
         "started",
         "task",
-        "truncated",
     )
 
     def __init__(self, group: GroupTasks, mid: MemberId, deadline: int) -> None:
+        super().__init__()  # not truncated
         self.group = group
         self.mid = mid
         self.deadline = deadline  # its timeout bucket
@@ -91,7 +93,6 @@ class MemberTask:
         self.started = False
         self.task: asyncio.Task[Any] | None = None
         self.cause: str | None = None  # set when it is stopped on purpose
-        self.truncated = False  # its requests are aborted as they come; its output is kept
 
 
 def need_workflow(op: str, workflow: Any) -> None:
@@ -417,7 +418,7 @@ class Episodes:
         group = self.groups.get(mid.group_id)
         m = group.members.get(mid.number) if group is not None else None
         if m is not None:
-            m.truncated = True
+            m.cut()  # ends a wait in `interruptible`
             self._abort_requests(m, cause, cancel=False)
 
     def forget_if_idle(self, group: GroupTasks) -> None:
@@ -439,6 +440,7 @@ class Episodes:
         """One episode. Members stopped on purpose are accounted for when they are stopped
         (``m.cause`` set), so nothing here depends on the task having started."""
         m.started = True
+        _EPISODE.set(m)  # this task's context only: `interruptible` finds its member
         try:
             result = await m.episode
         except asyncio.CancelledError:

@@ -122,4 +122,5 @@ class ExecutorStatistics:
     the head (always 0 for the buffer and capacity policies)."""
     overdue_groups: int = 0
     """Of those, groups aborted because they had not landed ``deadline.grace_s`` after the trainer
-    started waiting for them (a truncation cannot cut a wait for a reward or a tool)."""
+    started waiting for them (a truncation cannot cut a wait for a reward, nor a wait the workflow
+    does not await through :func:`~stalebound.runtime.interruptible`)."""

@@ -172,6 +172,10 @@ class AgentConfig:
     reward_latency: DistributionConfig | None = None
     """Seconds from the end of generation to the trajectory being complete (a reward service's
     wait); it holds the engine slot but not a batch place. ``None``: no wait."""
+    cut_tools: bool = True
+    """A truncation ends a tool call at once, as it does in the runtime when the workflow awaits
+    its tools through :func:`stalebound.runtime.interruptible` (the ``calculator`` task does);
+    ``false``: the truncated episode returns when its tool answers."""
 
 
 @dataclass(frozen=True)

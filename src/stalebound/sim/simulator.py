@@ -798,13 +798,14 @@ class Simulation:
 
     def _truncate(self, a: TruncateMember) -> None:
         """Cut a member short: its requests are aborted, and the episode returns what it has
-        (a member in a tool call returns when the tool answers)."""
+        (a member in a tool call returns at once with ``agent.cut_tools``, else when the tool
+        answers)."""
         m = self._member(a.member)
         m.truncated = True
         self.counts["truncated"] += 1
-        if m.state == _DECODING:
+        if m.state == _DECODING or (m.state == _TOOL_CALL and self.cfg.agent.cut_tools):
             self.engines.stop(m, self.queue.now)
-            m.state = _CUTTING
+            m.state = _CUTTING  # a tool's answer is then ignored (`_on_tool_done`)
             self.queue.schedule(self.queue.now, _CUT, m)
         elif m.state not in (_TOOL_CALL, _ENDING):  # those return at their next step
             raise InvariantError(f"truncate of member {a.member} in state {m.state}")

@@ -12,7 +12,9 @@ An episode (each model turn ends with the end-of-sequence token)::
 The tool evaluates ``int op int`` with ``op`` in ``+ - *`` and answers ``=err;`` to anything else.
 Tool turns are inserted into the trajectory with ``loss_mask`` 0. The reward is the arithmetic
 task's: exact match of the final answer (partial credit by digits when enabled); an episode that
-runs out of turns or tokens is truncated and scores 0. The metrics add ``tool_calls`` and
+runs out of turns or tokens is truncated and scores 0, and so is one cut during a tool call (the
+tool waits through :func:`~stalebound.runtime.interruptible`, so a truncation at a deadline ends it
+at once). The metrics add ``tool_calls`` and
 ``tool_wait_s``.
 """
 
@@ -23,6 +25,7 @@ import random
 import re
 
 from stalebound.core.errors import ConfigError
+from stalebound.runtime.cut import EpisodeTruncated, interruptible
 from stalebound.tasks.arithmetic import digit_credit
 from stalebound.tasks.base import Sample, Task, Trajectory, Turn, register_task
 from stalebound.tasks.config import TaskConfig
@@ -144,8 +147,11 @@ class CalculatorWorkflow:
                 break
             delay = sample_latency(cfg.calculator.latency, self.task.latency_rng(sample, calls))
             calls += 1
+            try:
+                await interruptible(asyncio.sleep(delay))
+            except EpisodeTruncated:  # cut at a deadline during the tool call: as it stands
+                break
             waited += delay
-            await asyncio.sleep(delay)
             reply = encode_text(self.tokenizer, calculate(expr))
             last_version = versions[-1] if versions else 0
             out += reply
