@@ -223,6 +223,31 @@ def test_resolved_from_the_rollout_config() -> None:
         ).initialize()
 
 
+@pytest.mark.parametrize(
+    ("target", "margin", "resolved"),
+    [
+        (0, None, 0),
+        (1, None, 1),
+        (2, None, 1),
+        (4, None, 1),
+        (5, None, 2),
+        (8, None, 2),
+        (16, None, 4),
+        (8, 1, 1),
+        (2, 0, 0),
+    ],
+)
+def test_the_default_margin_is_one_group_per_four_versions_of_the_target(
+    target: int, margin: int | None, resolved: int
+) -> None:
+    config = RolloutConfig(
+        staleness_policy="deadline",
+        staleness=2 * target,
+        deadline=DeadlineConfig(target=target, margin=margin),
+    )
+    assert resolve_settings(config).admission_margin == resolved
+
+
 def test_snapshot_round_trip() -> None:
     p = policy(B=2, soft=1, hard=2)
     for g in "abc":

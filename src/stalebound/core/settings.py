@@ -16,7 +16,7 @@ from typing import Any
 from stalebound.core.buffer import StalenessBuffer
 from stalebound.core.capacity import CapacityCounter
 from stalebound.core.checks import is_int
-from stalebound.core.deadline import DeadlineBoundPolicy, deadline_bounds
+from stalebound.core.deadline import DeadlineBoundPolicy, deadline_bounds, default_margin
 from stalebound.core.errors import ConfigError
 from stalebound.core.filters import GroupPostProcess, get_group_post_process
 from stalebound.core.policy import BufferPolicy, CapacityPolicy, StalenessPolicy
@@ -189,7 +189,7 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
             else {
                 "deadline_slack": dl.slack,
                 "deadline_action": dl.action,
-                "admission_margin": dl.margin,
+                "admission_margin": default_margin(soft or 0) if dl.margin is None else dl.margin,
                 "deadline_at": dl.at,
                 "deadline_grace": dl.grace_s,
                 "deadline_grace_steps": dl.grace_steps,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from stalebound.core.deadline import DEFAULT_GRACE_STEPS, DEFAULT_MARGIN, DEFAULT_SLACK
+from stalebound.core.deadline import DEFAULT_GRACE_STEPS, DEFAULT_SLACK
 from stalebound.typedconfig import Invalid, bounds, null_means
 
 __all__ = [
@@ -105,11 +105,12 @@ class DeadlineConfig:
     at: Literal["consume", "head"] = "consume"
     """When the deadline falls: when the trainer asks for the deadline buffer (``consume``), or
     already when that buffer becomes the head, one training step earlier (``head``)."""
-    margin: int = field(
-        default=DEFAULT_MARGIN, metadata=bounds(ge=0, fix=f"e.g. {DEFAULT_MARGIN} (the default)")
+    margin: int | None = field(
+        default=None, metadata=bounds(ge=0, fix="e.g. 1, or null for ⌈target / 4⌉ (the default)")
     )
     """Admit only while AReaL's capacity exceeds this many groups (never holding back a group the
-    next batch still lacks)."""
+    next batch still lacks). ``None``: one group per 4 versions of the soft target, rounded up
+    (⌈η_s / 4⌉: 1 up to η_s = 4, 2 at η_s = 8)."""
     grace_s: float | None = field(
         default=None, metadata=bounds(ge=0, fix="give seconds, or null to wait for the group")
     )

@@ -40,7 +40,7 @@ from stalebound.core import (
     MemberId,
 )
 from stalebound.core.coordinator import Coordinator
-from stalebound.core.deadline import DEFAULT_GRACE_STEPS, DEFAULT_MARGIN, DEFAULT_SLACK
+from stalebound.core.deadline import DEFAULT_GRACE_STEPS, DEFAULT_SLACK, default_margin
 from stalebound.core.events import (
     AbortGroup,
     AbortRequest,
@@ -521,7 +521,7 @@ def coordinator_settings(
         soft_staleness=staleness if deadline else None,
         deadline_slack=DEFAULT_SLACK,
         deadline_action=spec.deadline_action,
-        admission_margin=DEFAULT_MARGIN if deadline else 0,
+        admission_margin=default_margin(staleness) if deadline else 0,
         deadline_grace_steps=DEFAULT_GRACE_STEPS if deadline else None,
         batch_size=B,
         buffer_size=buffer_size,
