@@ -27,7 +27,7 @@ from collections.abc import Awaitable
 from contextvars import ContextVar
 from typing import TypeVar
 
-__all__ = ["CutSignal", "EpisodeTruncated", "current_signal", "interruptible"]
+__all__ = ["CutSignal", "EpisodeTruncated", "interruptible"]
 
 T = TypeVar("T")
 
@@ -65,11 +65,6 @@ class CutSignal:
 
 
 _EPISODE: ContextVar[CutSignal | None] = ContextVar("stalebound_episode", default=None)
-
-
-def current_signal() -> CutSignal | None:
-    """The running episode's signal (``None`` outside the executor's episodes)."""
-    return _EPISODE.get()
 
 
 async def interruptible(awaitable: Awaitable[T]) -> T:
