@@ -199,3 +199,13 @@ def test_a_truncation_in_a_tool_call_ends_it_at_once_or_waits_as_the_workload_sa
         assert r.counts.get("deadline", 0) == 0 and r.wasted_fraction == 0
     else:
         assert r.counts["deadline"] > 0 and r.wasted_fraction > 0
+
+
+def test_a_truncation_never_cuts_the_wait_for_a_reward() -> None:
+    # Rewards that take 3 training steps: a deadline falls during them. Tool calls are cut
+    # (`agent.cut_tools`), the reward's wait is not (the runtime cannot cut it either): the
+    # trainer waits the grace, then the group is aborted.
+    cfg = tail(agent={"reward_latency": {"distribution": "fixed", "value": 1.5}, "cut_tools": True})
+    r = simulate(cfg, "deadline-tight", 1, seed=0)
+    assert r.violations == 0
+    assert r.counts["deadline"] > 0 and r.wasted_fraction > 0

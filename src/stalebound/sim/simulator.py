@@ -803,12 +803,20 @@ class Simulation:
         m = self._member(a.member)
         m.truncated = True
         self.counts["truncated"] += 1
-        if m.state == _DECODING or (m.state == _TOOL_CALL and self.cfg.agent.cut_tools):
+        if m.state == _DECODING or (m.state == _TOOL_CALL and self._cuts_tool(m)):
             self.engines.stop(m, self.queue.now)
             m.state = _CUTTING  # a tool's answer is then ignored (`_on_tool_done`)
             self.queue.schedule(self.queue.now, _CUT, m)
         elif m.state not in (_TOOL_CALL, _ENDING):  # those return at their next step
             raise InvariantError(f"truncate of member {a.member} in state {m.state}")
+
+    def _cuts_tool(self, m: _Member) -> bool:
+        """A truncation ends ``m``'s pause at once: a tool call with ``agent.cut_tools``, never the
+        wait for the reward (the runtime's reward wait is no tool call)."""
+        spec = m.spec
+        return self.cfg.agent.cut_tools and not (
+            spec.reward_wait and m.seg == len(spec.segments) - 1
+        )
 
     def _abort_group(self, a: AbortGroup) -> None:
         g = self.groups.get(a.group_id)

@@ -38,12 +38,15 @@ Sampler = Callable[[random.Random], float]
 
 class TrajectorySpec(NamedTuple):
     """One trajectory: decode ``segments`` (tokens) with ``tools[i]`` seconds after segment i.
+    With ``reward_wait``, the last pause is the wait for the reward (followed by an empty
+    segment): a truncation never cuts it.
 
     (A named tuple: the simulator makes one per trajectory, and tuples are the cheapest.)"""
 
     segments: tuple[int, ...]
     tools: tuple[float, ...] = ()
     failed: bool = False
+    reward_wait: bool = False
 
     @property
     def tokens(self) -> int:
@@ -172,8 +175,9 @@ class SampledSource:
             tokens = max(1, math.ceil(tokens * rng.random()))
         segments = split_turns(tokens, self._turns) if self._turns > 1 else [tokens]
         tools = [self._tool(rng) for _ in range(len(segments) - 1)]
-        if self._reward is not None and not failed:
+        rewarded = self._reward is not None and not failed
+        if rewarded:
             # the reward's wait: a tool-like pause, then an empty segment that ends at once
             tools.append(self._reward(rng))
             segments.append(0)
-        return TrajectorySpec(tuple(segments), tuple(tools), failed)
+        return TrajectorySpec(tuple(segments), tuple(tools), failed, rewarded)
