@@ -175,9 +175,9 @@ class SampledSource:
             tokens = max(1, math.ceil(tokens * rng.random()))
         segments = split_turns(tokens, self._turns) if self._turns > 1 else [tokens]
         tools = [self._tool(rng) for _ in range(len(segments) - 1)]
-        rewarded = self._reward is not None and not failed
-        if rewarded:
+        reward = None if failed else self._reward
+        if reward is not None:
             # the reward's wait: a tool-like pause, then an empty segment that ends at once
-            tools.append(self._reward(rng))
+            tools.append(reward(rng))
             segments.append(0)
-        return TrajectorySpec(tuple(segments), tuple(tools), failed, rewarded)
+        return TrajectorySpec(tuple(segments), tuple(tools), failed, reward is not None)
