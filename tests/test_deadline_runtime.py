@@ -17,7 +17,7 @@ from scripted import Episode, ProtocolEngine, quiesce
 from stalebound.config import DeadlineConfig, RolloutConfig
 from stalebound.core import ConfigError
 from stalebound.runtime import EpisodeTruncated, WorkflowExecutor, interruptible
-from stalebound.runtime.cut import _EPISODE, CutSignal
+from stalebound.runtime.cut import CutSignal
 
 
 def make(
@@ -181,6 +181,24 @@ def test_interruptible_outside_an_episode_just_awaits() -> None:
     assert asyncio.run(main()) == 7
 
 
+@pytest.mark.parametrize("inside", [False, True])
+def test_interruptible_refuses_what_cannot_be_awaited_naming_it(inside: bool) -> None:
+    async def call_tool() -> int:
+        return 7
+
+    async def main() -> None:
+        if inside:
+            CutSignal().enter()
+        await interruptible(call_tool)  # type: ignore[arg-type]  # the tool, not its call
+
+    with pytest.raises(
+        TypeError,
+        match=r"^interruptible\(<function .*call_tool.*\): needs an "
+        r"awaitable .* e\.g\. interruptible\(call_tool\(x\)\)$",
+    ):
+        asyncio.run(main())
+
+
 def test_interruptible_ends_the_wait_under_way_or_refuses_a_new_one_once_cut() -> None:
     async def main() -> list[str]:
         signal = CutSignal()
@@ -199,7 +217,7 @@ def test_interruptible_ends_the_wait_under_way_or_refuses_a_new_one_once_cut() -
                 seen.append(str(e))
 
         async def run() -> None:
-            _EPISODE.set(signal)  # what the executor does in each member's task
+            signal.enter()  # what the executor does in each member's task
             await episode()
 
         task = asyncio.ensure_future(run())

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stalebound.core.errors import ConfigError
-from stalebound.runtime.cut import _EPISODE, CutSignal
+from stalebound.runtime.cut import CutSignal
 from stalebound.tasks import (
     CHARSET,
     LatencyConfig,
@@ -340,7 +340,7 @@ def test_a_calculator_episode_cut_during_its_tool_call_ends_truncated_at_once() 
     signal = CutSignal()
 
     async def episode() -> Trajectory:
-        _EPISODE.set(signal)  # what the executor does in each member's task
+        signal.enter()  # what the executor does in each member's task
         return await make_task(cfg).workflow(tok).run(model, Sample("0", "2*3+4", "10"))
 
     async def main() -> Trajectory:

@@ -54,6 +54,11 @@ class CutSignal:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def enter(self) -> None:
+        """Make this the running episode of the current task (and of the tasks it starts): what
+        the executor does at the start of each member's task."""
+        _EPISODE.set(self)
+
     def waiter(self) -> asyncio.Future[None]:
         """A future of the running loop that is done once the episode is cut."""
         waiter = self._cut_waiter
@@ -71,6 +76,11 @@ async def interruptible(awaitable: Awaitable[T]) -> T:
     """Await ``awaitable``, unless the running episode is (or gets) truncated first: then the
     awaitable is cancelled and :class:`EpisodeTruncated` is raised. Outside the executor's
     episodes it simply awaits."""
+    if not inspect.isawaitable(awaitable):
+        raise TypeError(
+            f"interruptible({awaitable!r}): needs an awaitable (a coroutine, task or future); "
+            "call the tool and pass what it returns, e.g. interruptible(call_tool(x))"
+        )
     signal = _EPISODE.get()
     if signal is None:
         return await awaitable

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from stalebound.core import ConfigError, MemberId, ProtocolError
 from stalebound.core import events as ev
-from stalebound.runtime.cut import _EPISODE, CutSignal
+from stalebound.runtime.cut import CutSignal
 
 logger = logging.getLogger("stalebound.runtime.executor")  # the executor's log, as before
 
@@ -440,7 +440,7 @@ class Episodes:
         """One episode. Members stopped on purpose are accounted for when they are stopped
         (``m.cause`` set), so nothing here depends on the task having started."""
         m.started = True
-        _EPISODE.set(m)  # this task's context only: `interruptible` finds its member
+        m.enter()  # this task's context only: `interruptible` finds its member
         try:
             result = await m.episode
         except asyncio.CancelledError:

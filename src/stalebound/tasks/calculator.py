@@ -14,8 +14,7 @@ Tool turns are inserted into the trajectory with ``loss_mask`` 0. The reward is 
 task's: exact match of the final answer (partial credit by digits when enabled); an episode that
 runs out of turns or tokens is truncated and scores 0, and so is one cut during a tool call (the
 tool waits through :func:`~stalebound.runtime.interruptible`, so a truncation at a deadline ends it
-at once). The metrics add ``tool_calls`` and
-``tool_wait_s``.
+at once). The metrics add ``tool_calls`` and ``tool_wait_s`` (the waits that ran to the end).
 """
 
 from __future__ import annotations
