@@ -98,7 +98,9 @@ class EngineEpisode:
         self._sampling = sampling
         self._ids = itertools.count()
         self._recorder = recorder
-        self._t0 = time.monotonic()
+        self.origin = time.monotonic()
+        """The monotonic time the trace's ``start`` and ``end`` count from: the run's clock,
+        which its step metrics' ``wall_time`` also counts from, once the run sets it."""
 
     async def arun_episode(self, engine: Any, sample: Any) -> Any:
         number = next(self._ids)
@@ -139,8 +141,8 @@ class EngineEpisode:
                     prompt_id=sample.id,
                     group_id=number,
                     member=0,
-                    start=started - self._t0,
-                    end=ended - self._t0,
+                    start=started - self.origin,
+                    end=ended - self.origin,
                     tokens=generated[0],
                     tool_latencies=tuple(tools),
                     version=version,

@@ -490,6 +490,7 @@ class TrainRecipe:
             self.save_checkpoint(0)
         engine.reset()
         self._start = start = time.monotonic() - progress.wall
+        self.workflow.origin = start  # the trace counts on the run's clock, as the metrics do
         last_checkpoint = time.monotonic()
         checkpoint_s = 0.0
         if progress.step >= cfg.run.steps:
