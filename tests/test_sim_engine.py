@@ -89,3 +89,25 @@ def test_a_stall_pauses_decoding_and_a_waiting_sequence_cancels_with_nothing_dec
     r.advance(0.6)
     assert [s.owner for s in r.pop_finished()] == ["a"]
     assert r.active == 0 and r.next_finish(0.6) is None  # the cancelled one never joins
+
+
+def test_a_contended_trainer_slows_while_the_replicas_work_and_moves_its_end() -> None:
+    from stalebound.sim.config import workload_from_dict
+    from stalebound.sim.simulator import TrainerModel
+
+    cfg = workload_from_dict(
+        {"trainer": {"step_time": 1.0, "publish": 0.25, "handoff": 0.5, "contention": 1.0}}
+    )
+    t = TrainerModel(cfg)
+    assert t.start(0.0, tokens=0, share=0.0) == 1.75  # hand-over, training, publishing
+    first = t.ticket
+    assert t.reshare(0.25, 1.0) == 2.75  # still handing over: all of the training runs slow
+    assert t.ticket > first
+    assert t.reshare(1.5, 0.5) == 2.5  # half the training done by 1.5; the rest 1.5× slower
+    assert t.reshare(1.5, 0.5) is None  # no change
+    assert t.reshare(2.3, 0.0) is None  # training over (at 2.25): publishing is not slowed
+    t.done(2.5)
+    assert t.reshare(3.0, 1.0) is None  # no step
+    alone = TrainerModel(workload_from_dict({"trainer": {"step_time": 1.0}}))
+    alone.start(0.0, tokens=0)
+    assert alone.reshare(0.5, 1.0) is None  # no contention: the end never moves

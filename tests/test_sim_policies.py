@@ -209,3 +209,28 @@ def test_a_truncation_never_cuts_the_wait_for_a_reward() -> None:
     r = simulate(cfg, "deadline-tight", 1, seed=0)
     assert r.violations == 0
     assert r.counts["deadline"] > 0 and r.wasted_fraction > 0
+
+
+def test_contention_slows_training_only_while_the_engines_generate() -> None:
+    # synchronous: the engines are idle while the trainer trains, so nothing changes
+    alone = simulate(tail(), "sync", 0, seed=0)
+    shared = simulate(tail(trainer={"contention": 1.0}), "sync", 0, seed=0)
+    assert shared.throughput == alone.throughput
+    # asynchronous: generation overlaps training, which runs slower
+    alone = simulate(tail(), "buffer", 2, seed=0)
+    shared = simulate(tail(trainer={"contention": 1.0}), "buffer", 2, seed=0)
+    assert shared.throughput < alone.throughput
+    assert shared.violations == 0
+
+
+def test_a_null_group_limit_means_the_runtime_default_when_the_workload_says_so() -> None:
+    from stalebound.sim.simulator import coordinator_settings, policy_spec
+
+    cluster = tail()
+    runtime = tail(batch={"runtime_default": True})
+    slots = cluster.engine.replicas * cluster.engine.max_concurrency
+    B = cluster.batch.groups
+    for policy, eta, expected in [("capacity", 2, B), ("buffer", 2, 3 * B), ("deadline", 1, 2 * B)]:
+        spec = policy_spec(policy)
+        assert coordinator_settings(cluster, spec, eta).max_concurrent == slots
+        assert coordinator_settings(runtime, spec, eta).max_concurrent == expected, policy

@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_BATCHES_IN_FLIGHT",
     "CoordinatorSettings",
     "build_policy",
+    "default_max_concurrent",
     "resolve_settings",
 ]
 
@@ -114,6 +115,19 @@ def _bound(config: Any) -> Any:
     return config.staleness if hasattr(config, "staleness") else config.max_head_offpolicyness
 
 
+def default_max_concurrent(
+    policy: str, staleness: int, soft: int | None, batch: int, buffer_size: int
+) -> int:
+    """The groups that may generate at once when ``max_concurrent_rollouts`` is null: AReaL's
+    fallback, ``consumer_batch_size``, under ``capacity``; otherwise the admission window,
+    ``(η + 1)·B′`` (η_s for the deadline policy), at most :data:`DEFAULT_BATCHES_IN_FLIGHT`
+    batches."""
+    if policy == "capacity":
+        return batch
+    window = staleness if soft is None else soft
+    return min(window + 1, DEFAULT_BATCHES_IN_FLIGHT) * buffer_size
+
+
 def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
     """The per-rank settings from a rollout config section.
 
@@ -142,11 +156,8 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
         concurrent = _per_rank(
             "max_concurrent_rollouts", config.max_concurrent_rollouts, dp, problems
         )
-    elif policy == "capacity":
-        concurrent = batch  # AReaL's fallback: max_concurrent_rollouts or consumer_batch_size
-    else:  # the deadline policy's window for admission is η_s's
-        window = staleness if soft is None else soft
-        concurrent = min(window + 1, DEFAULT_BATCHES_IN_FLIGHT) * buffer_size
+    else:
+        concurrent = default_max_concurrent(policy, staleness, soft, batch, buffer_size)
     queue = 16 * concurrent if config.queue_size is None else config.queue_size
     timeout = config.request_timeout
     n = config.group_size

@@ -136,19 +136,31 @@ class BatchConfig:
         default=None, metadata=bounds(ge=1, fix="or null for no limit beyond the engine slots")
     )
     """A limit on groups generating at once (AReaL's ``max_concurrent_rollouts``); ``None``
-    leaves only the engine slots and the staleness bound."""
+    leaves only the engine slots and the staleness bound, or with ``runtime_default``, what
+    ``stalebound train`` enforces for ``max_concurrent_rollouts: null``."""
+    runtime_default: bool = False
+    """``max_concurrent_groups: null`` stands for ``stalebound train``'s default: B under the
+    ``capacity`` policy (AReaL's), the admission window ``(η + 1)·B`` (at most 8 batches)
+    under the others. Calibrated workloads set it, to predict a run as it ran."""
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
     """One train step takes ``step_time + per_token × trained tokens`` seconds, then ``publish``
     seconds to hand the weights to the engines (both busy). ``handoff`` seconds pass between a
-    batch being ready and the step starting (idle: the batch is collated and handed over)."""
+    batch being ready and the step starting (idle: the batch is collated and handed over).
+    ``contention`` slows the training while the engines generate."""
 
     step_time: float = _ge(15.0, "give seconds")
     per_token: float = _ge(0.0, "give seconds per trained token")
     publish: float = _ge(0.0, "give seconds per step")
     handoff: float = _ge(0.0, "give seconds per step")
+    contention: float = _ge(0.0, "give the slow-down, 0 for a trainer on its own hardware")
+    """Training runs ``1 + contention × s`` times slower while a share ``s`` of the replicas has
+    work (engines and trainer sharing processors, as on one machine); publishing does not."""
+    publish_per_start: float = _ge(0.0, "give seconds per episode, 0 for none")
+    """Seconds the publication lasts longer per episode the new weights let start: the executor
+    starts them on the event loop that also carries the publication back to the trainer."""
 
     def _validate(self) -> Iterator[Invalid]:
         if self.step_time == 0 and self.per_token == 0:

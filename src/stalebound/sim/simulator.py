@@ -66,7 +66,7 @@ from stalebound.core.events import (
     VersionPublished,
     Wake,
 )
-from stalebound.core.settings import CoordinatorSettings, build_policy
+from stalebound.core.settings import CoordinatorSettings, build_policy, default_max_concurrent
 from stalebound.obs.trace import TraceRecorder, TrajectoryRecord
 from stalebound.sim.config import WorkloadConfig
 from stalebound.sim.engine import EventQueue, Replica, Sequence
@@ -106,7 +106,7 @@ PROACTIVE_MAX_RETRIES = 2
 (``rollout.proactive_filter.max_retries``)."""
 
 # clock event kinds
-_REPLICA, _TOOL, _CUT, _TRAIN_DONE, _SYNC, _TIMER = range(6)
+_REPLICA, _TOOL, _CUT, _TRAIN_DONE, _SYNC, _TIMER, _STEP_DONE = range(7)
 
 # member states (_ENDING: its segment just ended, not yet reported; _CUTTING: truncated, its
 # episode returns on the next event)
@@ -233,6 +233,10 @@ class SimResult:
     timeline: list[tuple[float, str]] = field(default_factory=list)
     engine_idle: float = 0.0
     """Fraction of the window the replicas had no sequence (decoding or waiting), averaged."""
+    trainer_waits: list[float] = field(default_factory=list)
+    """Each measured step's wait: from the trainer asking for the batch (the end of the step
+    before) to its training starting (hand-over included), as ``wait_s`` in a real run's
+    metrics."""
 
     @property
     def efficiency(self) -> float:
@@ -471,7 +475,11 @@ class EngineModel:
 class TrainerModel:
     """The trainer: one batch at a time. ``handoff`` seconds pass before it starts (counted as
     idle), then ``step_time + per_token × trained tokens`` seconds of training and ``publish``
-    seconds handing the weights to the engines (both busy)."""
+    seconds handing the weights to the engines (both busy).
+
+    With ``contention`` the training runs ``1 + contention × s`` times slower while a share ``s``
+    of the replicas has work: :meth:`reshare` is told each change of ``s`` and returns the step's
+    new end (the simulator moves the step's end event, superseding the old one by ``ticket``)."""
 
     def __init__(self, cfg: WorkloadConfig) -> None:
         t = cfg.trainer
@@ -479,20 +487,56 @@ class TrainerModel:
         self.per_token = t.per_token
         self.handoff = t.handoff
         self.publish = t.publish
+        self.contention = t.contention
+        self.publish_per_start = t.publish_per_start
         self.training = False
         self.steps_done = 0
+        self.ticket = 0
+        """Numbers the step's end event; a moved end supersedes the earlier event."""
         self._busy = 0.0
         self._start = 0.0
+        self._work = 0.0
+        """Training left at ``_mark``, in seconds on an uncontended processor."""
+        self._mark = 0.0
+        self._slow = 1.0
+        self._free_since = 0.0
+        self.waits: list[float] = []
+        """Each step's wait, from the trainer asking for a batch to training (the hand-over)."""
 
-    def start(self, now: float, tokens: float) -> float:
-        """Take a batch of ``tokens`` tokens; returns when the step (publication included) ends."""
+    def start(self, now: float, tokens: float, share: float = 0.0) -> float:
+        """Take a batch of ``tokens`` tokens while a share ``share`` of the replicas has work;
+        returns when the step (publication included) ends."""
         self.training = True
-        self._start = now + self.handoff
-        return self._start + self.step_time + self.per_token * tokens + self.publish
+        self.ticket += 1
+        self._start = self._mark = now + self.handoff
+        self.waits.append(self._start - self._free_since)
+        self._work = self.step_time + self.per_token * tokens
+        self._slow = 1.0 + self.contention * share
+        return self._end()
+
+    def _end(self) -> float:
+        return self._mark + self._work * self._slow + self.publish
+
+    def reshare(self, now: float, share: float) -> float | None:
+        """The share of replicas with work changed at ``now``: the step's new end, or ``None``
+        when it does not move (no contention, no step, or the training is over)."""
+        slow = 1.0 + self.contention * share
+        if not self.training or slow == self._slow:
+            return None
+        if now > self._mark:  # training since the mark (not still in the hand-over)
+            done = (now - self._mark) / self._slow
+            if done >= self._work:
+                return None  # publishing
+            self._work -= done
+            self._mark = now
+        self._slow = slow
+        self.ticket += 1
+        return self._end()
 
     def done(self, now: float) -> None:
         self.training = False
         self._busy += now - self._start
+        self._free_since = now
         self.steps_done += 1
 
     def busy_until(self, now: float) -> float:
@@ -511,10 +555,14 @@ def coordinator_settings(
     B, N = cfg.batch.groups, cfg.batch.group_size
     launch = N + (cfg.redundancy.group_extra if spec.redundancy else 0)
     slots = cfg.engine.replicas * cfg.engine.max_concurrency
-    max_groups = cfg.batch.max_concurrent_groups or slots
     buffer_size = math.ceil(B * cfg.redundancy.batch_factor) if spec.redundancy else B
     p = cfg.proactive
     deadline = spec.kind == "deadline"
+    max_groups = cfg.batch.max_concurrent_groups or slots
+    if cfg.batch.max_concurrent_groups is None and cfg.batch.runtime_default:
+        hard = staleness * spec.hard_factor if deadline else staleness
+        soft = staleness if deadline else None
+        max_groups = default_max_concurrent(spec.kind, hard, soft, B, buffer_size)
     return CoordinatorSettings(
         policy=spec.kind,
         staleness=staleness * spec.hard_factor if deadline else staleness,
@@ -590,6 +638,13 @@ class Simulation:
         """The virtual clock."""
         self.engines = EngineModel(cfg)
         self.trainer = TrainerModel(cfg)
+        self._share = 0.0
+        """The share of replicas with work, as the trainer last heard it."""
+        self._training = 0
+        """The version of the batch the trainer is training."""
+        self._catching_up: int | None = None
+        """Set when new weights were just published (``trainer.publish_per_start``): the
+        launch count then, to charge the publication for the episodes the publication starts."""
         self.engine_version = 0
         self.groups: dict[int, _Group] = {}
         self._prompts = prompts
@@ -689,9 +744,12 @@ class Simulation:
             elif kind == _CUT:
                 self._on_cut(a)
             elif kind == _TRAIN_DONE:
-                self._on_train_done(a)
+                if b == self.trainer.ticket:
+                    self._on_train_done(a)
             elif kind == _SYNC:
                 self._publish(a)
+            elif kind == _STEP_DONE:
+                self._finish_step()
             elif self._timers.get(a) == b:
                 del self._timers[a]
                 self._feed(TimerFired(a, q.now))
@@ -736,9 +794,25 @@ class Simulation:
                 continue  # woken again by its own admissions: the dispatcher runs again first
             if not self.trainer.training:
                 self._feed(BatchWanted(self.settings.batch_size, now))
+        if self._catching_up is not None:  # the publication waits for the episodes started
+            started = self.counts["launched"] - self._catching_up
+            self._catching_up = None
+            self.queue.schedule(now + self.trainer.publish_per_start * started, _STEP_DONE)
         self.engines.reschedule(self.queue)
+        if self.trainer.contention:
+            self._reshare(now)
         if self.buffer is not None:
             self._track_head(now)
+
+    def _reshare(self, now: float) -> None:
+        """Tell the trainer the share of replicas with work, and move its step's end."""
+        replicas = self.engines.replicas
+        share = sum(1 for r in replicas if r.active or r.waiting) / len(replicas)
+        if share != self._share:
+            self._share = share
+            end = self.trainer.reshare(now, share)
+            if end is not None:
+                self.queue.schedule(end, _TRAIN_DONE, self._training, self.trainer.ticket)
 
     def _dispatch(self, now: float) -> None:
         """What the executor's dispatcher does: draw prompts as a data loader is drawn (as many as
@@ -860,7 +934,9 @@ class Simulation:
         self.counts["truncated_trained"] += truncated
         self.tokens["trained"] += tokens
         now = self.queue.now
-        self.queue.schedule(self.trainer.start(now, tokens), _TRAIN_DONE, a.version)
+        end = self.trainer.start(now, tokens, self._share)
+        self._training = a.version
+        self.queue.schedule(end, _TRAIN_DONE, a.version, self.trainer.ticket)
 
     def _report_drop(self, a: ReportDrop) -> None:
         g = self.groups.get(a.group_id)
@@ -973,6 +1049,13 @@ class Simulation:
 
     def _on_train_done(self, version: int) -> None:
         now = self.queue.now
+        if self.trainer.publish_per_start and not self.cfg.engine.sync_delay:
+            # the engines serve the new weights now; the executor starts the episodes this
+            # admits before the publication returns to the trainer (:meth:`_after_event`)
+            self.engines.stall(now, self.cfg.engine.update_stall)
+            self._publish(version + 1)
+            self._catching_up = self.counts["launched"]
+            return
         self.trainer.done(now)
         self._wake = True  # the trainer asks for its next batch
         self.engines.stall(now, self.cfg.engine.update_stall)  # installing the new weights
@@ -980,6 +1063,13 @@ class Simulation:
             self.queue.schedule(now + self.cfg.engine.sync_delay, _SYNC, version + 1)
         else:
             self._publish(version + 1)
+        if self.steps_done == self._warmup:
+            self._snapshot_window()
+
+    def _finish_step(self) -> None:
+        """The publication returned: the trainer asks for its next batch."""
+        self.trainer.done(self.queue.now)
+        self._wake = True
         if self.steps_done == self._warmup:
             self._snapshot_window()
 
@@ -1075,6 +1165,7 @@ class Simulation:
             tokens=dict(self.tokens),
             timeline=self.timeline,
             engine_idle=engine_idle,
+            trainer_waits=self.trainer.waits[self._warmup :],
         )
 
     def conservation(self) -> dict[str, int]:
