@@ -40,7 +40,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             f"run.run_dir={run_dir}",
             "run.live=false",
             "run.eval_prompts=20",
-            "run.checkpoint=false",
+            "run.checkpoint=true",  # the clock test resumes a copy of it
             "run.plots=false",
             "run.tensorboard=false",
             "train.warm_start_steps=10",
@@ -79,6 +79,7 @@ def test_the_calibrated_simulator_predicts_its_own_run(run: Path) -> None:
         "engine.step_per_seq",
         "engine.prefill",
         "trainer.step_time",
+        "trainer.contention",
         "trainer.publish",
         "agent.reward_latency",
         "failures.rate",
@@ -86,6 +87,26 @@ def test_the_calibrated_simulator_predicts_its_own_run(run: Path) -> None:
     }
     e = errors(cal, run)
     assert within(e), e
+
+
+def test_the_trace_counts_on_the_clock_of_the_step_metrics(run: Path, tmp_path: Path) -> None:
+    # calibration sets each step's training beside what the engines generated meanwhile, so
+    # the trace and the metrics count from the same moment, and go on doing so after a resume
+    import shutil
+
+    from stalebound.obs.trace import read_trace
+
+    _, records = read_trace(run / "trace.jsonl")
+    assert min(r.start for r in records) >= 0
+    copy = tmp_path / "r"
+    shutil.copytree(run, copy)
+    steps = [json.loads(line) for line in (copy / "metrics.jsonl").open()]
+    assert main(["train", f"resume={copy}", f"run.steps={len(steps) + 2}", "run.live=false"]) == 0
+    _, resumed = read_trace(copy / f"trace-from-step-{len(steps)}.jsonl")
+    assert resumed
+    # the clock goes on from the checkpoint's time (a little before the last step's record),
+    # not from 0
+    assert min(r.start for r in resumed) >= steps[-1]["wall_time"] / 2
 
 
 def test_the_bound_fails_when_the_fits_are_replaced_by_the_preset(run: Path) -> None:

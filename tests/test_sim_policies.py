@@ -234,3 +234,14 @@ def test_a_null_group_limit_means_the_runtime_default_when_the_workload_says_so(
         spec = policy_spec(policy)
         assert coordinator_settings(cluster, spec, eta).max_concurrent == slots
         assert coordinator_settings(runtime, spec, eta).max_concurrent == expected, policy
+
+
+def test_a_publication_that_waits_for_the_episodes_it_starts_lengthens_the_step() -> None:
+    fast = simulate(tail(), "buffer", 2, seed=0)
+    slow = simulate(tail(trainer={"publish_per_start": 0.05}), "buffer", 2, seed=0)
+    assert slow.throughput < fast.throughput
+    assert slow.trainer_util > fast.trainer_util  # the trainer is busy while it waits
+    assert slow.violations == 0
+    c = slow.counts
+    assert c["trained"] == slow.steps * 4 * 2
+    assert c["launched"] == sum(c.get(k, 0) for k in OUTCOMES + STILL)

@@ -8,14 +8,16 @@ step: train time, publish time, wait, trained tokens) and ``staleness.jsonl`` �
   distributions (files of values next to the workload file);
 * **the engine**: each busy period of the engine (episodes generating back to back) lasts
   ``prefill × joins + step_base × decode steps + step_per_seq × tokens`` — the replica model's
-  cost, summed — fitted by non-negative least squares over the busy periods;
-* **the trainer**: ``step_time + per_token × trained tokens`` by least squares over the steps
-  (everything of a step but its wait and the weight publication: training and bookkeeping),
-  ``publish`` as the mean time spent handing the weights to the engines;
+  cost, summed — fitted by non-negative least squares of the residuals relative to each period's
+  length, then scaled so the periods add up to the measured busy time;
+* **the trainer**: each step's training time against its trained tokens and the seconds of it
+  during which the engines generated (``step_time``, ``per_token``, ``contention``), the
+  bookkeeping added to ``step_time``; the publication against the episodes that started during it
+  (``publish``, ``publish_per_start``);
 * **failures**: failed members ÷ members launched;
-* **the hand-over** (``trainer.handoff``): the trainer's idle time per step that the engine model
-  does not explain (collating and handing the batch over); fitted last, by simulating the run once
-  without it.
+* **the closure**: the run is simulated once as fitted; the median step's wait it does not
+  explain is the hand-over (``trainer.handoff``: collating and handing the batch over), and the
+  busy time per step it lacks moves ``step_time``.
 
 :func:`measure` reads the run's own figures over the same window the simulator measures (after
 the first ``warmup_fraction`` of the steps), and :func:`predict` simulates a run directory's policy
@@ -63,6 +65,10 @@ __all__ = [
     "read_run_info",
     "write_workload",
 ]
+
+MAX_SLOWED = 0.9
+"""The most of the engines' generating time a step's training can be lengthened by (a fitted
+``trainer.contention`` of at most 9)."""
 
 MAX_IN_FLIGHT = 65536
 """Engine slots per replica when the run set no limit (the engine queues what it cannot batch)."""
@@ -330,6 +336,75 @@ def _busy_periods(records: Sequence[TrajectoryRecord]) -> list[tuple[float, int,
     return periods
 
 
+def _generating(records: Sequence[TrajectoryRecord]) -> list[tuple[float, float]]:
+    """The intervals during which the engines had a request to work on (the union of the
+    episodes' generation spans), sorted and disjoint."""
+    merged: list[tuple[float, float]] = []
+    for s, e in sorted((r.start, _generation_end(r)) for r in records if r.tokens > 0):
+        if merged and s <= merged[-1][1]:
+            if e > merged[-1][1]:
+                merged[-1] = (merged[-1][0], e)
+        elif e > s:
+            merged.append((s, e))
+    return merged
+
+
+def _training_overlap(
+    rows: Sequence[Mapping[str, float]], generating: Sequence[tuple[float, float]]
+) -> list[float]:
+    """For each step, the seconds of its training during which the engines generated. A step's
+    training ends ``step_and_publish_s − step_time_s`` (the publication) before the step's
+    record; the trace counts on the same clock as the step metrics."""
+    import bisect
+
+    ends = [e for _, e in generating]
+    out = []
+    for r in rows:
+        stop = r["elapsed"] - r["step_and_publish_s"] + r["step_time_s"]
+        begin = stop - r["step_time_s"]
+        total = 0.0
+        for s, e in generating[bisect.bisect_right(ends, begin) :]:
+            if s >= stop:
+                break
+            total += min(e, stop) - max(s, begin)
+        out.append(total)
+    return out
+
+
+def _fit_publish(
+    rows: Sequence[Mapping[str, float]],
+    publish: Sequence[float],
+    records: Sequence[TrajectoryRecord],
+) -> tuple[float, float, str]:
+    """``trainer.publish`` and ``trainer.publish_per_start``: each step's publication against
+    the episodes that started during it (the executor starts what the new weights admit before
+    it hands the publication back). The slope is fitted over the steps up to the 90th percentile
+    (a few publications wait on something else for a long time); the constant keeps the mean."""
+    import bisect
+
+    import numpy as np
+
+    starts = sorted(r.start for r in records)
+    counts = [
+        float(
+            bisect.bisect_right(starts, r["elapsed"]) - bisect.bisect_left(starts, r["elapsed"] - p)
+        )
+        for r, p in zip(rows, publish, strict=True)
+    ]
+    cut = float(np.quantile(publish, 0.9))
+    kept = [(n, p) for n, p in zip(counts, publish, strict=True) if p <= cut]
+    (base, slope), rms = _lstsq_nonneg(
+        [[1.0] * len(kept), [n for n, _ in kept]], [p for _, p in kept]
+    )
+    base = max(0.0, statistics.fmean(publish) - slope * statistics.fmean(counts))
+    error = (
+        f"over {len(publish)} steps: mean {statistics.fmean(publish):.3g} s, "
+        f"{statistics.fmean(counts):.3g} episodes started during it; "
+        f"RMS residual {rms:.3g} s below the 90th percentile {cut:.3g} s"
+    )
+    return base, slope, error
+
+
 def _relative(rms: float, values: Sequence[float]) -> str:
     mean = statistics.fmean(values) if values else 0.0
     return f"RMS residual {rms:.3g} s ({rms / mean:.0%} of the mean {mean:.3g} s)" if mean else "–"
@@ -372,13 +447,21 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
         fits.append(Fit("agent.tool_latency", statistics.fmean(tools), "s", _spread(tools, " s")))
     fits.append(Fit("agent.reward_latency", statistics.fmean(rewards), "s", _spread(rewards, " s")))
 
-    periods = _busy_periods(done)
-    durations = [p[0] for p in periods]
+    # each period's residual relative to its length: the few short periods (a handful of
+    # requests) pin the cost of a step, which the long ones, all alike, cannot
+    periods = [p for p in _busy_periods(done) if p[0] > 0]
     (prefill, step_base, per_seq), rms = _lstsq_nonneg(
-        [[p[1] for p in periods], [p[2] for p in periods], [p[3] for p in periods]], durations
+        [[p[k] / p[0] for p in periods] for k in (1, 2, 3)], [1.0] * len(periods)
     )
+    # and the level from the sum: the periods' total is the engine's busy time
+    fitted = sum(prefill * p[1] + step_base * p[2] + per_seq * p[3] for p in periods)
+    level = sum(p[0] for p in periods) / fitted if fitted > 0 else 1.0
+    prefill, step_base, per_seq = prefill * level, step_base * level, per_seq * level
     step_base = max(step_base, 1e-6)  # a decode step takes some time
-    engine_error = f"over {len(periods)} busy periods: " + _relative(rms, durations)
+    engine_error = (
+        f"over {len(periods)} busy periods of {min(p[0] for p in periods):.3g}–"
+        f"{max(p[0] for p in periods):.3g} s: RMS relative residual {rms:.0%}"
+    )
     fits += [
         Fit("engine.prefill", prefill, "s per joining request", engine_error),
         Fit("engine.step_base", step_base, "s per decode step", engine_error),
@@ -393,14 +476,30 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
         max(0.0, elapsed[i + 1] - elapsed[i] - r["wait_s"] - publish[i]) for i, r in enumerate(rows)
     ][1:]  # the first step's clock starts before the engines warmed up
     tokens = [r["num_trained_tokens"] for r in rows][1:]
-    (step_time, per_token), rms = _lstsq_nonneg([[1.0] * len(busy), tokens], busy)
-    step_error = f"over {len(busy)} steps: " + _relative(rms, busy)
-    publish_s = statistics.fmean(publish)
-    publish_error = f"over {len(publish)} steps: sd {statistics.pstdev(publish):.3g} s"
+    # the training itself (step_time_s) is what the engines slow down: fitted against the
+    # seconds of it during which they generated; the bookkeeping is a constant on top
+    training = [r["step_time_s"] for r in rows][1:]
+    overlap = _training_overlap(rows, _generating(records))[1:]
+    (step_time, per_token, slowed), rms = _lstsq_nonneg(
+        [[1.0] * len(training), tokens, overlap], training
+    )
+    slowed = min(slowed, MAX_SLOWED)
+    contention = slowed / (1.0 - slowed)
+    step_time += statistics.fmean(b - t for b, t in zip(busy, training, strict=True))
+    step_error = f"over {len(busy)} steps: " + _relative(rms, training)
+    publish_s, per_start, publish_error = _fit_publish(rows, publish, records)
     fits += [
         Fit("trainer.step_time", step_time, "s per step", step_error),
         Fit("trainer.per_token", per_token, "s per trained token", step_error),
+        Fit(
+            "trainer.contention",
+            contention,
+            "× slower while the engines generate",
+            f"{step_error}; the engines generated during {statistics.fmean(overlap):.3g} s of a "
+            "step's training on average",
+        ),
         Fit("trainer.publish", publish_s, "s per step", publish_error),
+        Fit("trainer.publish_per_start", per_start, "s per episode started", publish_error),
         Fit(
             "engine.update_stall",
             0.0,
@@ -424,8 +523,10 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
             max_batch=info.max_batch,
             prefill=prefill,
         ),
-        batch=BatchConfig(info.groups, info.group_size, info.max_concurrent_groups),
-        trainer=TrainerConfig(step_time, per_token, publish_s, 0.0),
+        batch=BatchConfig(
+            info.groups, info.group_size, info.max_concurrent_groups, runtime_default=True
+        ),
+        trainer=TrainerConfig(step_time, per_token, publish_s, 0.0, contention, per_start),
         agent=AgentConfig(
             turns=turns,
             tool_latency=DistributionConfig("empirical", file="tool_latency.txt")
@@ -438,27 +539,56 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
         run=RunConfig(steps=len(rows)),
     )
     cal = Calibration(workload, tuple(fits), info, lengths, tools, rewards, str(run_dir))
-    return _fit_handoff(cal, run_dir, seed)
+    share = statistics.fmean(overlap) / max(1e-9, statistics.fmean(training))
+    return _close(cal, run_dir, seed, share)
 
 
-def _fit_handoff(cal: Calibration, run_dir: Path, seed: int) -> Calibration:
-    """Simulate the run once without a hand-over; its unexplained idle time per step is it."""
+def _close(cal: Calibration, run_dir: Path, seed: int, share: float) -> Calibration:
+    """Simulate the run once as fitted so far (no hand-over) and close the two gaps it leaves:
+
+    * ``trainer.handoff``: the median step's wait that the simulation does not explain. The
+      median, not the mean: the longer waits of a few steps (for a straggler, a late reward) are
+      the policy's, which the simulation is to predict, not a constant of every step;
+    * ``trainer.step_time``: moved by the busy time per step the simulated trainer lacks (or
+      has too much of) — what the regression's mean does not carry over once the simulation
+      decides the overlap with generation. ``share`` (the run's share of training time the
+      engines generated) turns busy time into uncontended training."""
     measured = measure(run_dir, cal.workload.run.warmup_fraction)
+    waits = [r["wait_s"] for r in _steps(run_dir)]
+    waits = waits[len(waits) - _window_steps(cal) :]
     result = predict(cal, seed=seed)
-    sim_idle = max(0.0, (1.0 - result.trainer_util) * result.window / max(1, _window_steps(cal)))
-    real_idle = measured.trainer_idle * measured.step_s
-    handoff = max(0.0, real_idle - sim_idle)
-    trainer = dataclasses.replace(cal.workload.trainer, handoff=handoff)
-    fit = Fit(
-        "trainer.handoff",
-        handoff,
-        "s per step",
-        f"measured idle {real_idle:.3g} s per step − {sim_idle:.3g} s simulated without it",
+    steps = max(1, _window_steps(cal))
+    real = statistics.median(waits)
+    simulated = statistics.median(result.trainer_waits) if result.trainer_waits else 0.0
+    handoff = max(0.0, real - simulated)
+    real_busy = (1.0 - measured.trainer_idle) * measured.step_s
+    sim_busy = result.trainer_util * result.window / steps
+    t = cal.workload.trainer
+    slow = 1.0 + t.contention * share
+    step_time = max(0.0, t.step_time + (real_busy - sim_busy) / slow)
+    trainer = dataclasses.replace(t, handoff=handoff, step_time=step_time)
+    fits = [
+        dataclasses.replace(
+            f,
+            value=step_time,
+            error=f"{f.error}; moved by {step_time - t.step_time:+.3g} s to the measured busy time "
+            f"{real_busy:.3g} s per step",
+        )
+        if f.key == "trainer.step_time"
+        else f
+        for f in cal.fits
+    ]
+    fits.append(
+        Fit(
+            "trainer.handoff",
+            handoff,
+            "s per step",
+            f"the median step's wait: {real:.3g} s measured − {simulated:.3g} s simulated without "
+            "it",
+        )
     )
     return dataclasses.replace(
-        cal,
-        workload=dataclasses.replace(cal.workload, trainer=trainer),
-        fits=(*cal.fits, fit),
+        cal, workload=dataclasses.replace(cal.workload, trainer=trainer), fits=tuple(fits)
     )
 
 

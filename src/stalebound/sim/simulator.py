@@ -1143,6 +1143,7 @@ class Simulation:
         c = self.coordinator.counts
         counts["pulled_forward"] = c.pulled_forward_groups
         counts["groups_truncated"] = c.truncated_groups
+        counts["overdue_groups"] = c.overdue_groups
         counts.update(self.conservation())
         return SimResult(
             policy=self.spec.name,
