@@ -107,6 +107,13 @@ def test_the_trace_counts_on_the_clock_of_the_step_metrics(run: Path, tmp_path: 
     # the clock goes on from the checkpoint's time (a little before the last step's record),
     # not from 0
     assert min(r.start for r in resumed) >= steps[-1]["wall_time"] / 2
+    # and calibrating the resumed run reads its episodes from both traces: the first up to where
+    # the resume took over (what was in flight at the end, the resume ran again)
+    took_over = min(r.start for r in resumed)
+    history = [r for r in records if r.start < took_over] + resumed
+    assert len(history) < len(records) + len(resumed)
+    complete = sum(1 for r in history if r.complete and r.tokens > 0)
+    assert len(calibrate(copy).lengths) == complete
 
 
 def test_the_bound_fails_when_the_fits_are_replaced_by_the_preset(run: Path) -> None:

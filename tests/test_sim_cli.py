@@ -115,3 +115,24 @@ def test_the_shipped_example_trace_replays() -> None:
         preset="small", policies=["buffer+truncate"], etas=[3], steps=4, replay=str(trace)
     )
     assert result.counts["trained"] == 4 * 4 * 4
+
+
+def test_a_resumed_runs_traces_read_as_one_history(tmp_path: Path) -> None:
+    from stalebound.obs.trace import read_run_trace, run_traces
+
+    def write(name: str, starts: range) -> None:
+        with TraceRecorder(tmp_path / name, TraceHeader(source="runtime", group_size=1)) as rec:
+            for s in starts:
+                rec.record(TrajectoryRecord(s, s, 0, float(s), s + 0.5, 10, (), False, 0))
+
+    write("trace.jsonl", range(0, 10))  # killed at 10 s; its checkpoint was at 6 s
+    write("trace-from-step-0.jsonl", range(100, 100))  # a resume that recorded nothing
+    write("trace-from-step-3.jsonl", range(6, 12))  # the run's clock goes on from 6 s
+    (tmp_path / "trace-from-step-x.jsonl").write_text("not a run's trace")
+    assert [(step, p.name) for step, p in run_traces(tmp_path)] == [
+        (0, "trace.jsonl"),
+        (0, "trace-from-step-0.jsonl"),
+        (3, "trace-from-step-3.jsonl"),
+    ]
+    # the steps after the checkpoint, done again, are the resume's alone
+    assert [r.start for r in read_run_trace(tmp_path)] == [float(s) for s in range(12)]

@@ -27,8 +27,10 @@ Trajectory::
   (surplus, aborted, truncated): its ``tokens`` are then a lower bound and replay skips it.
 * ``outcome`` (optional): ``trained``, ``dropped``, ``surplus``, ``retried``, ``failed`` ...
 
-``stalebound train`` writes one (``trace.jsonl`` in the run directory) and the simulator writes one
-with ``--record``; :mod:`stalebound.sim.replay` re-times one under a modelled workload.
+``stalebound train`` writes one (``trace.jsonl`` in the run directory, and
+``trace-from-step-K.jsonl`` for each resume from step K, all on the run's clock: :func:`run_traces`,
+:func:`read_run_trace`) and the simulator writes one with ``--record``;
+:mod:`stalebound.sim.replay` re-times one under a modelled workload.
 """
 
 from __future__ import annotations
@@ -44,16 +46,41 @@ from stalebound.core.errors import ConfigError
 from stalebound.userfiles import json_line, label, read_lines
 
 __all__ = [
+    "TRACE_FILE",
     "TRACE_FORMAT",
     "TRACE_VERSION",
     "TraceHeader",
     "TraceRecorder",
     "TrajectoryRecord",
+    "read_run_trace",
     "read_trace",
+    "resumed_trace_name",
+    "run_traces",
 ]
 
 TRACE_FORMAT = "stalebound-trace"
 TRACE_VERSION = 1
+TRACE_FILE = "trace.jsonl"
+"""A run's trace, from its start; each resume from step K writes :func:`resumed_trace_name`."""
+_RESUMED = "trace-from-step-"
+
+
+def resumed_trace_name(step: int) -> str:
+    """The trace a run resumed from the checkpoint of ``step`` writes."""
+    return f"{_RESUMED}{step}.jsonl"
+
+
+def run_traces(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """A run directory's traces as ``(step, path)``, in the order they were written: ``(0,
+    trace.jsonl)`` when there, then each resume's, by the step it resumed from (a resume from
+    step 0 after the first)."""
+    folder = Path(run_dir)
+    found = [(0, folder / TRACE_FILE)] if (folder / TRACE_FILE).is_file() else []
+    for path in folder.glob(f"{_RESUMED}*.jsonl"):
+        step = path.stem.removeprefix(_RESUMED)
+        if step.isdigit():
+            found.append((int(step), path))
+    return sorted(found, key=lambda found: (found[0], found[1].name != TRACE_FILE))
 
 
 @dataclass(frozen=True)
@@ -237,3 +264,16 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
 
 def _nonblank(lines: Iterable[str]) -> Iterator[str]:
     return (line for line in lines if line.strip())
+
+
+def read_run_trace(run_dir: str | Path) -> list[TrajectoryRecord]:
+    """Every episode a run directory's traces hold, as one history: each resume's trace takes
+    over from its first episode on (the run's clock goes on from the checkpoint, so what an
+    earlier trace recorded from then on belonged to steps the resume did again)."""
+    traces = [read_trace(path)[1] for _, path in run_traces(run_dir)]
+    records: list[TrajectoryRecord] = []
+    for number, trace in enumerate(traces):
+        later = [min(r.start for r in t) for t in traces[number + 1 :] if t]
+        cut = min(later, default=float("inf"))
+        records.extend(r for r in trace if r.start < cut)
+    return records

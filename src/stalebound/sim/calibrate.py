@@ -1,8 +1,9 @@
 """Calibration: fit a workload to what a real ``stalebound train`` run recorded, and check it.
 
 :func:`calibrate` reads a run directory — ``config.yaml`` (B, N, η, the policy, the engines),
-``trace.jsonl`` (each episode: start, end, tokens, tool and reward waits), ``metrics.jsonl`` (each
-step: train time, publish time, wait, trained tokens) and ``staleness.jsonl`` — and fits:
+``trace.jsonl`` and each resume's trace (each episode: start, end, tokens, tool and reward waits),
+``metrics.jsonl`` (each step: train time, publish time, wait, trained tokens) and
+``staleness.jsonl`` — and fits:
 
 * **lengths**, **tool latency**, **reward latency**: the recorded values, as empirical
   distributions (files of values next to the workload file);
@@ -38,7 +39,7 @@ import yaml
 from stalebound.core.deadline import deadline_bounds
 from stalebound.core.errors import ConfigError, ProtocolError
 from stalebound.obs.records import METRICS_FILE, STALENESS_FILE, StalenessHistogram, read_jsonl
-from stalebound.obs.trace import TrajectoryRecord, read_trace
+from stalebound.obs.trace import TRACE_FILE, TrajectoryRecord, read_run_trace
 from stalebound.runtime.config import AREAL_STALENESS_NAME
 from stalebound.sim.config import (
     AgentConfig,
@@ -423,11 +424,12 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
     """Fit a workload to the run in ``run_dir`` (see the module docstring)."""
     run_dir = Path(run_dir)
     info = read_run_info(run_dir)
-    _, records = read_trace(_need_file(run_dir, "trace.jsonl"))
+    _need_file(run_dir, TRACE_FILE)
+    records = read_run_trace(run_dir)  # a resumed run's traces too
     done = [r for r in records if r.complete and r.tokens > 0]
     if len(done) < 2:
         raise ConfigError(
-            f"calibrate: {run_dir}/trace.jsonl holds {len(done)} complete episodes; record a "
+            f"calibrate: {run_dir}/{TRACE_FILE} holds {len(done)} complete episodes; record a "
             "run of a few steps at least"
         )
     rows = _steps(run_dir)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from stalebound.core import ConfigError, StaleboundError
+from stalebound.obs.trace import run_traces
 from stalebound.train import statejson
 
 __all__ = [
@@ -492,11 +493,7 @@ def abandon_after(run_dir: Path, checkpoint: Checkpoint) -> list[Path]:
     if current != checkpoint.path.name:
         atomic_write_text(latest, checkpoint.path.name + "\n")
     newer = [p for p in checkpoint_dirs(root) if (_step_of(p) or 0) > checkpoint.step]
-    traces = [
-        p
-        for p in run_dir.glob("trace-from-step-*.jsonl")
-        if p.stem.rpartition("-")[2].isdigit() and int(p.stem.rpartition("-")[2]) > checkpoint.step
-    ]
+    traces = [path for step, path in run_traces(run_dir) if step > checkpoint.step]
     if newer and (run_dir / "summary.json").exists():  # of the later, abandoned end
         traces.append(run_dir / "summary.json")
     moved = []

@@ -456,8 +456,11 @@ def engine_death(engines: Sequence[Any]) -> str | None:
 def clear_unfinished_start(run_dir: Path) -> None:
     """Files of a run that stopped before its first checkpoint that starting it again does not
     rewrite itself (the metrics and the ledger are cut back to nothing when they are opened)."""
-    for path in run_dir.glob("trace-from-step-*.jsonl"):
-        path.unlink(missing_ok=True)
+    from stalebound.obs.trace import TRACE_FILE, run_traces
+
+    for _, path in run_traces(run_dir):
+        if path.name != TRACE_FILE:  # the first trace is written again from the start
+            path.unlink(missing_ok=True)
 
 
 def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> TrainResult:

@@ -326,11 +326,16 @@ class TrainRecipe:
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p)
         recorder = None
         if cfg.run.trace:
-            from stalebound.obs.trace import TraceHeader, TraceRecorder
+            from stalebound.obs.trace import (
+                TRACE_FILE,
+                TraceHeader,
+                TraceRecorder,
+                resumed_trace_name,
+            )
 
             meta = {"task": cfg.task.name, "staleness": cfg.rollout.staleness}
             header = TraceHeader(source="runtime", group_size=cfg.rollout.group_size, meta=meta)
-            name = "trace.jsonl" if resume is None else f"trace-from-step-{resume.step}.jsonl"
+            name = TRACE_FILE if resume is None else resumed_trace_name(resume.step)
             recorder = TraceRecorder(run_dir / name, header)
         self.workflow = EngineEpisode(self.task, self.tokenizer, sampling, recorder)
 
