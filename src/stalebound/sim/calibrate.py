@@ -32,7 +32,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -319,55 +319,52 @@ def _generation_end(r: TrajectoryRecord) -> float:
     return r.end - r.reward_latency - sum(r.tool_latencies)
 
 
-def _busy_periods(records: Sequence[TrajectoryRecord]) -> list[tuple[float, int, int, int]]:
-    """The engine's busy periods (generation intervals that overlap, merged): duration, joins,
-    decode steps (the most tokens of one episode) and tokens of each."""
+class _Period(NamedTuple):
+    """One busy period of the engine: generation spans that overlap, merged."""
+
+    start: float
+    end: float
+    joins: int
+    steps: int
+    """Decode steps: the most tokens of one episode."""
+    tokens: int
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+def _busy_periods(records: Sequence[TrajectoryRecord]) -> list[_Period]:
+    """The engine's busy periods over ``records`` (episodes that generated), in time order."""
     spans = sorted((r.start, max(r.start, _generation_end(r)), r.tokens) for r in records)
-    periods: list[tuple[float, int, int, int]] = []
-    start, end, joins, steps, tokens = spans[0][0], spans[0][1], 0, 0, 0
+    periods: list[_Period] = []
     for s, e, k in spans:
-        if s > end:
-            periods.append((end - start, joins, steps, tokens))
-            start, end, joins, steps, tokens = s, e, 0, 0, 0
-        end = max(end, e)
-        joins += 1
-        steps = max(steps, k)
-        tokens += k
-    periods.append((end - start, joins, steps, tokens))
+        last = periods[-1] if periods else None
+        if last is None or s > last.end:
+            periods.append(_Period(s, e, 1, k, k))
+        else:
+            periods[-1] = _Period(
+                last.start, max(last.end, e), last.joins + 1, max(last.steps, k), last.tokens + k
+            )
     return periods
 
 
-def _generating(records: Sequence[TrajectoryRecord]) -> list[tuple[float, float]]:
-    """The intervals during which the engines had a request to work on (the union of the
-    episodes' generation spans), sorted and disjoint."""
-    merged: list[tuple[float, float]] = []
-    for s, e in sorted((r.start, _generation_end(r)) for r in records if r.tokens > 0):
-        if merged and s <= merged[-1][1]:
-            if e > merged[-1][1]:
-                merged[-1] = (merged[-1][0], e)
-        elif e > s:
-            merged.append((s, e))
-    return merged
-
-
-def _training_overlap(
-    rows: Sequence[Mapping[str, float]], generating: Sequence[tuple[float, float]]
-) -> list[float]:
+def _training_overlap(rows: Sequence[Mapping[str, float]], busy: Sequence[_Period]) -> list[float]:
     """For each step, the seconds of its training during which the engines generated. A step's
-    training ends ``step_and_publish_s − step_time_s`` (the publication) before the step's
-    record; the trace counts on the same clock as the step metrics."""
+    training runs from ``step_and_publish_s`` before the step's record for ``step_time_s``; the
+    trace counts on the same clock as the step metrics."""
     import bisect
 
-    ends = [e for _, e in generating]
+    ends = [p.end for p in busy]
     out = []
     for r in rows:
-        stop = r["elapsed"] - r["step_and_publish_s"] + r["step_time_s"]
-        begin = stop - r["step_time_s"]
+        begin = r["elapsed"] - r["step_and_publish_s"]
+        stop = begin + r["step_time_s"]
         total = 0.0
-        for s, e in generating[bisect.bisect_right(ends, begin) :]:
-            if s >= stop:
+        for p in busy[bisect.bisect_right(ends, begin) :]:
+            if p.start >= stop:
                 break
-            total += min(e, stop) - max(s, begin)
+            total += min(p.end, stop) - max(p.start, begin)
         out.append(total)
     return out
 
@@ -394,9 +391,7 @@ def _fit_publish(
     ]
     cut = float(np.quantile(publish, 0.9))
     kept = [(n, p) for n, p in zip(counts, publish, strict=True) if p <= cut]
-    (base, slope), rms = _lstsq_nonneg(
-        [[1.0] * len(kept), [n for n, _ in kept]], [p for _, p in kept]
-    )
+    (_, slope), rms = _lstsq_nonneg([[1.0] * len(kept), [n for n, _ in kept]], [p for _, p in kept])
     base = max(0.0, statistics.fmean(publish) - slope * statistics.fmean(counts))
     error = (
         f"over {len(publish)} steps: mean {statistics.fmean(publish):.3g} s, "
@@ -451,18 +446,19 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
 
     # each period's residual relative to its length: the few short periods (a handful of
     # requests) pin the cost of a step, which the long ones, all alike, cannot
-    periods = [p for p in _busy_periods(done) if p[0] > 0]
+    periods = [p for p in _busy_periods(done) if p.duration > 0]
     (prefill, step_base, per_seq), rms = _lstsq_nonneg(
-        [[p[k] / p[0] for p in periods] for k in (1, 2, 3)], [1.0] * len(periods)
+        [[getattr(p, k) / p.duration for p in periods] for k in ("joins", "steps", "tokens")],
+        [1.0] * len(periods),
     )
     # and the level from the sum: the periods' total is the engine's busy time
-    fitted = sum(prefill * p[1] + step_base * p[2] + per_seq * p[3] for p in periods)
-    level = sum(p[0] for p in periods) / fitted if fitted > 0 else 1.0
+    fitted = sum(prefill * p.joins + step_base * p.steps + per_seq * p.tokens for p in periods)
+    level = sum(p.duration for p in periods) / fitted if fitted > 0 else 1.0
     prefill, step_base, per_seq = prefill * level, step_base * level, per_seq * level
     step_base = max(step_base, 1e-6)  # a decode step takes some time
     engine_error = (
-        f"over {len(periods)} busy periods of {min(p[0] for p in periods):.3g}–"
-        f"{max(p[0] for p in periods):.3g} s: RMS relative residual {rms:.0%}"
+        f"over {len(periods)} busy periods of {min(p.duration for p in periods):.3g}–"
+        f"{max(p.duration for p in periods):.3g} s: RMS relative residual {rms:.0%}"
     )
     fits += [
         Fit("engine.prefill", prefill, "s per joining request", engine_error),
@@ -481,7 +477,8 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
     # the training itself (step_time_s) is what the engines slow down: fitted against the
     # seconds of it during which they generated; the bookkeeping is a constant on top
     training = [r["step_time_s"] for r in rows][1:]
-    overlap = _training_overlap(rows, _generating(records))[1:]
+    generating = _busy_periods([r for r in records if r.tokens > 0])
+    overlap = _training_overlap(rows, generating)[1:]
     (step_time, per_token, slowed), rms = _lstsq_nonneg(
         [[1.0] * len(training), tokens, overlap], training
     )
