@@ -160,7 +160,8 @@ class TrainerConfig:
     work (engines and trainer sharing processors, as on one machine); publishing does not."""
     publish_per_start: float = _ge(0.0, "give seconds per episode, 0 for none")
     """Seconds the publication lasts longer per episode the new weights let start: the executor
-    starts them on the event loop that also carries the publication back to the trainer."""
+    starts them on the event loop that also carries the publication back to the trainer. With
+    ``engine.sync_delay`` the engines take the weights after the step, and nothing is charged."""
 
     def _validate(self) -> Iterator[Invalid]:
         if self.step_time == 0 and self.per_token == 0:

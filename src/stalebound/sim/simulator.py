@@ -558,15 +558,15 @@ def coordinator_settings(
     buffer_size = math.ceil(B * cfg.redundancy.batch_factor) if spec.redundancy else B
     p = cfg.proactive
     deadline = spec.kind == "deadline"
+    hard = staleness * spec.hard_factor if deadline else staleness
+    soft = staleness if deadline else None
     max_groups = cfg.batch.max_concurrent_groups or slots
     if cfg.batch.max_concurrent_groups is None and cfg.batch.runtime_default:
-        hard = staleness * spec.hard_factor if deadline else staleness
-        soft = staleness if deadline else None
         max_groups = default_max_concurrent(spec.kind, hard, soft, B, buffer_size)
     return CoordinatorSettings(
         policy=spec.kind,
-        staleness=staleness * spec.hard_factor if deadline else staleness,
-        soft_staleness=staleness if deadline else None,
+        staleness=hard,
+        soft_staleness=soft,
         deadline_slack=DEFAULT_SLACK,
         deadline_action=spec.deadline_action,
         admission_margin=default_margin(staleness) if deadline else 0,
@@ -1049,27 +1049,26 @@ class Simulation:
 
     def _on_train_done(self, version: int) -> None:
         now = self.queue.now
+        self.engines.stall(now, self.cfg.engine.update_stall)  # installing the new weights
         if self.trainer.publish_per_start and not self.cfg.engine.sync_delay:
             # the engines serve the new weights now; the executor starts the episodes this
             # admits before the publication returns to the trainer (:meth:`_after_event`)
-            self.engines.stall(now, self.cfg.engine.update_stall)
             self._publish(version + 1)
             self._catching_up = self.counts["launched"]
-            return
-        self.trainer.done(now)
-        self._wake = True  # the trainer asks for its next batch
-        self.engines.stall(now, self.cfg.engine.update_stall)  # installing the new weights
-        if self.cfg.engine.sync_delay > 0:
-            self.queue.schedule(now + self.cfg.engine.sync_delay, _SYNC, version + 1)
         else:
-            self._publish(version + 1)
-        if self.steps_done == self._warmup:
-            self._snapshot_window()
+            self._finish_step(version + 1)
 
-    def _finish_step(self) -> None:
-        """The publication returned: the trainer asks for its next batch."""
-        self.trainer.done(self.queue.now)
+    def _finish_step(self, version: int | None = None) -> None:
+        """The publication returned: the trainer asks for its next batch. With ``version``, the
+        engines take those weights now (or after ``engine.sync_delay``)."""
+        now = self.queue.now
+        self.trainer.done(now)
         self._wake = True
+        if version is not None:
+            if self.cfg.engine.sync_delay > 0:
+                self.queue.schedule(now + self.cfg.engine.sync_delay, _SYNC, version)
+            else:
+                self._publish(version)
         if self.steps_done == self._warmup:
             self._snapshot_window()
 
