@@ -257,3 +257,26 @@ def test_a_deadline_run_the_simulator_cannot_model_is_refused_with_the_way_out(
         match=r"rollout.deadline.target=1 with rollout.staleness=3 and rollout.deadline.action=truncate: none",
     ):
         read_run_info(tmp_path)
+
+
+def test_a_contention_beyond_the_cap_is_capped_and_says_so(tmp_path: Path) -> None:
+    # the engines generate over [0, 6] s (the trace of _broken_run); step 2 trains 5 s inside
+    # it, steps 3 and 4 train 0.5 and 0.4 s outside: 0.91 s more per second of overlap
+    steps = [(3.0, 0.3), (6.0, 5.0), (20.0, 0.5), (30.0, 0.4)]  # (end of the step, training)
+    metrics = "".join(
+        json.dumps(
+            {
+                **_STEP,
+                "trajectories_per_s": 2 * number / end,
+                "step_time_s": training,
+                "step_and_publish_s": training + 0.1,
+            }
+        )
+        + "\n"
+        for number, (end, training) in enumerate(steps, 1)
+    )
+    staleness = "".join(json.dumps({"step": k, "counts": {"2": 2}}) + "\n" for k in range(1, 5))
+    cal = calibrate(_broken_run(tmp_path, metrics, staleness))
+    fit = next(f for f in cal.fits if f.key == "trainer.contention")
+    assert fit.value == pytest.approx(9.0)  # 0.9 / (1 − 0.9)
+    assert "capped: the steps said 0.91 s per second of overlap" in fit.error

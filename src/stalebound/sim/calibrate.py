@@ -482,8 +482,8 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
     (step_time, per_token, slowed), rms = _lstsq_nonneg(
         [[1.0] * len(training), tokens, overlap], training
     )
-    slowed = min(slowed, MAX_SLOWED)
-    contention = slowed / (1.0 - slowed)
+    capped = slowed > MAX_SLOWED
+    contention = min(slowed, MAX_SLOWED) / (1.0 - min(slowed, MAX_SLOWED))
     step_time += statistics.fmean(b - t for b, t in zip(busy, training, strict=True))
     step_error = f"over {len(busy)} steps: " + _relative(rms, training)
     publish_s, per_start, publish_error = _fit_publish(rows, publish, records)
@@ -495,7 +495,8 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
             contention,
             "× slower while the engines generate",
             f"{step_error}; the engines generated during {statistics.fmean(overlap):.3g} s of a "
-            "step's training on average",
+            "step's training on average"
+            + (f"; capped: the steps said {slowed:.3g} s per second of overlap" if capped else ""),
         ),
         Fit("trainer.publish", publish_s, "s per step", publish_error),
         Fit("trainer.publish_per_start", per_start, "s per episode started", publish_error),
