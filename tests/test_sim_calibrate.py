@@ -111,7 +111,6 @@ def test_the_trace_counts_on_the_clock_of_the_step_metrics(run: Path, tmp_path: 
     # the resume took over (what was in flight at the end, the resume ran again)
     took_over = min(r.start for r in resumed)
     history = [r for r in records if r.start < took_over] + resumed
-    assert len(history) < len(records) + len(resumed)
     complete = sum(1 for r in history if r.complete and r.tokens > 0)
     assert len(calibrate(copy).lengths) == complete
 

@@ -270,3 +270,60 @@ def test_a_run_directory_in_use_is_refused_naming_the_process(
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_episode_trace_waits_for_the_runs_clock_and_writes_what_ended_before_it() -> None:
+    # A resumed run starts its groups again while it sets up, before its clock is known: an
+    # episode that ends then is written once the clock is set, on that clock.
+    import asyncio
+    import io
+    import time
+
+    from stalebound.engines.protocol import GenerateResponse, SamplingParams
+    from stalebound.obs.trace import TraceRecorder
+    from stalebound.train.job import EngineEpisode
+
+    class OneTurn:
+        async def run(self, generate: Any, sample: Any) -> str:
+            await generate((1,), 2, ())
+            return "done"
+
+    class Task:
+        def workflow(self, tokenizer: Any) -> OneTurn:
+            return OneTurn()
+
+    class Engine:
+        def get_version(self) -> int:
+            return 3
+
+        async def agenerate(self, request: Any) -> GenerateResponse:
+            return GenerateResponse(request.request_id, (1,), (5, 6), (0.0, 0.0), (3, 3), "stop")
+
+    class Sample:
+        id = "p0"
+
+    def starts(out: io.StringIO) -> list[float]:  # the header line, then one per episode
+        return [json.loads(line)["start"] for line in out.getvalue().splitlines()[1:]]
+
+    out = io.StringIO()
+    episode = EngineEpisode(Task(), None, SamplingParams(), TraceRecorder(out))
+    before = time.monotonic()
+    asyncio.run(episode.arun_episode(Engine(), Sample()))  # ends before the clock is set
+    assert starts(out) == []  # waiting, not counted from some other moment
+    origin = before - 100.0  # a run resumed at 100 s of its clock
+    episode.set_origin(origin)
+    asyncio.run(episode.arun_episode(Engine(), Sample()))  # after: written at once
+    first, second = starts(out)
+    assert 100.0 <= first <= second <= time.monotonic() - origin
+
+    out = io.StringIO()
+    unset = EngineEpisode(Task(), None, SamplingParams(), TraceRecorder(out))
+    asyncio.run(unset.arun_episode(Engine(), Sample()))
+    unset.close_trace()  # a run that never trained: counted from its setup
+    assert [round(s) for s in starts(out)] == [0]
+
+    out = io.StringIO()
+    late = EngineEpisode(Task(), None, SamplingParams(), TraceRecorder(out))
+    asyncio.run(late.arun_episode(Engine(), Sample()))
+    late.set_origin(time.monotonic() + 5.0)  # the clock starts after the episode: it counts as 0
+    assert starts(out) == [0.0]

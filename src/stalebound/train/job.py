@@ -98,9 +98,39 @@ class EngineEpisode:
         self._sampling = sampling
         self._ids = itertools.count()
         self._recorder = recorder
-        self.origin = time.monotonic()
-        """The monotonic time the trace's ``start`` and ``end`` count from: the run's clock,
-        which its step metrics' ``wall_time`` also counts from, once the run sets it."""
+        self._built = time.monotonic()
+        self._origin: float | None = None
+        """The monotonic time the trace's ``start`` and ``end`` count from (:meth:`set_origin`);
+        until it is set, finished episodes wait in ``_pending``, counted from 0."""
+        self._pending: list[Any] = []
+        self._trace_lock = threading.Lock()  # episodes end on the executor's loop thread
+
+    def set_origin(self, origin: float) -> None:
+        """Count the trace from the monotonic time ``origin``: the run's clock, which its step
+        metrics' ``wall_time`` also counts from. Episodes that ended before (a resumed run's
+        groups start again while it sets up) are written now; times before the clock started
+        count as its start, so a resumed run's trace begins where its checkpoint left off."""
+        with self._trace_lock:
+            self._origin = origin
+            pending, self._pending = self._pending, []
+            for record in pending:
+                self._write(record)
+
+    def close_trace(self) -> None:
+        """Write what still waits for the run's clock (a run that never trained counts from its
+        setup) and close the trace."""
+        if self._recorder is None:
+            return
+        if self._origin is None:
+            self.set_origin(self._built)
+        self._recorder.close()
+
+    def _write(self, record: Any) -> None:
+        """Write ``record`` (times counted from 0) on the trace's clock; hold the lock."""
+        assert self._origin is not None and self._recorder is not None
+        origin = self._origin
+        start, end = (max(0.0, t - origin) for t in (record.start, record.end))
+        self._recorder.record(dataclasses.replace(record, start=start, end=end))
 
     async def arun_episode(self, engine: Any, sample: Any) -> Any:
         number = next(self._ids)
@@ -136,20 +166,23 @@ class EngineEpisode:
             from stalebound.obs.trace import TrajectoryRecord
 
             ended = time.monotonic()
-            self._recorder.record(
-                TrajectoryRecord(
-                    prompt_id=sample.id,
-                    group_id=number,
-                    member=0,
-                    start=started - self.origin,
-                    end=ended - self.origin,
-                    tokens=generated[0],
-                    tool_latencies=tuple(tools),
-                    version=version,
-                    complete=finish[0] != "abort",
-                    reward_latency=ended - returned[0] if returned else 0.0,
-                )
+            record = TrajectoryRecord(
+                prompt_id=sample.id,
+                group_id=number,
+                member=0,
+                start=started,
+                end=ended,
+                tokens=generated[0],
+                tool_latencies=tuple(tools),
+                version=version,
+                complete=finish[0] != "abort",
+                reward_latency=ended - returned[0] if returned else 0.0,
             )
+            with self._trace_lock:
+                if self._origin is None:
+                    self._pending.append(record)
+                else:
+                    self._write(record)
         return trajectory
 
 

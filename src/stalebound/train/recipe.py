@@ -356,7 +356,7 @@ class TrainRecipe:
         self.ledger = ItemLedger(run_dir, resume_step=resume_step)
         self._closers.append(("the item ledger", self.ledger.close))
         if recorder is not None:
-            self._closers.append(("the episode trace", recorder.close))
+            self._closers.append(("the episode trace", self.workflow.close_trace))
         self.view = LiveView(console, staleness=cfg.rollout.staleness, live=cfg.run.live)
 
     def _publish(self, state_dict: Any, version: int) -> None:
@@ -495,7 +495,7 @@ class TrainRecipe:
             self.save_checkpoint(0)
         engine.reset()
         self._start = start = time.monotonic() - progress.wall
-        self.workflow.origin = start  # the trace counts on the run's clock, as the metrics do
+        self.workflow.set_origin(start)  # the trace counts on the run's clock, as the metrics do
         last_checkpoint = time.monotonic()
         checkpoint_s = 0.0
         if progress.step >= cfg.run.steps:
