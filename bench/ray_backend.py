@@ -32,7 +32,7 @@ from stalebound.engines.local import LocalEngine
 from stalebound.engines.models import build_default_model, load_model, load_tokenizer
 from stalebound.runtime import WorkflowExecutor
 from stalebound.tasks import TaskConfig, make_task
-from stalebound.train.job import EngineEpisode
+from stalebound.train.episode import EngineEpisode
 
 
 def local_engine(model_dir: Path, replicas: int) -> tuple[Any, Any]:

@@ -96,7 +96,7 @@ def test_resuming_a_directory_that_holds_no_run_is_one_error_from_the_cli_and_th
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from stalebound.core import ConfigError
-    from stalebound.train.job import run_training
+    from stalebound.train.recipe import run_training
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -281,7 +281,7 @@ def test_the_episode_trace_waits_for_the_runs_clock_and_writes_what_ended_before
 
     from stalebound.engines.protocol import GenerateResponse, SamplingParams
     from stalebound.obs.trace import TraceRecorder
-    from stalebound.train.job import EngineEpisode
+    from stalebound.train.episode import EngineEpisode
 
     class OneTurn:
         async def run(self, generate: Any, sample: Any) -> str:

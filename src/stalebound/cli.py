@@ -45,25 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train(argv: Sequence[str]) -> int:
-    from stalebound.config import TRAIN_RECIPE, load_config, parse_cli_overrides
     from stalebound.core.errors import ConfigError, StaleboundError
+    from stalebound.train.preflight import train_config
 
     if any(a in ("-h", "--help") for a in argv):
         print(TRAIN_HELP)
         return 0
     try:
-        paths, overrides = parse_cli_overrides(argv)
-        cfg = load_config([TRAIN_RECIPE, *paths], overrides)
-        if cfg.run.resume:
-            # the run's own settings first; what this command line says still applies on top
-            from stalebound.train.checkpoint import run_config_of
-
-            saved = run_config_of(cfg.run.resume)
-            cfg = load_config([saved, *paths], [*overrides, f"run.run_dir={saved.parent}"])
+        cfg = train_config(argv)
     except StaleboundError as e:
         print(f"stalebound train: {e}", file=sys.stderr)
         return 2
-    from stalebound.train.job import TrainingInterrupted, run_training
+    from stalebound.train.outcome import TrainingInterrupted
+    from stalebound.train.recipe import run_training
 
     try:
         run_training(cfg)

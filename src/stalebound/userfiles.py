@@ -14,16 +14,12 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stalebound.core.errors import ConfigError
 
-if TYPE_CHECKING:
-    from stalebound.config import StaleboundConfig
-
 __all__ = [
     "MAX_LINE_BYTES",
-    "check_run_paths",
     "json_line",
     "label",
     "read_lines",
@@ -213,55 +209,3 @@ def writable_file_problem(path: str | os.PathLike[str], head: str, *, fix: str) 
     else:
         why = _too_long(anchor, missing, p) or _unwritable(anchor)
     return None if why is None else f"{head}: cannot write there ({why}); {fix}"
-
-
-def check_run_paths(cfg: StaleboundConfig, run_dir: Path, *, resuming: bool) -> None:
-    """What ``stalebound train`` checks before it writes anything: the run directory can be
-    written, and (unless it resumes from a checkpoint) ``engine.model_path`` is a checkpoint whose
-    config loads, or ``engine.cache_dir`` holds the default model or can be written. All
-    problems at once, as one ConfigError."""
-    from stalebound.engines.models import checkpoint_problem, is_default_model
-
-    problems = []
-    problem = writable_dir_problem(
-        run_dir,
-        label("run.run_dir", run_dir),
-        fix="choose a writable directory with free space (and names under 255 bytes)",
-    )
-    if problem:
-        problems.append(problem)
-    model_path = cfg.engine.model_path
-    if resuming:
-        pass  # the checkpoint holds the model
-    elif model_path:
-        problem = checkpoint_problem(model_path, "engine.model_path") or _config_problem(model_path)
-        if problem:
-            problems.append(problem)
-    else:
-        built = Path(cfg.engine.cache_dir) / f"default-seed{cfg.seed}"
-        if not is_default_model(built, seed=cfg.seed):
-            problem = writable_dir_problem(
-                built,
-                label("engine.cache_dir", cfg.engine.cache_dir),
-                fix="give a writable directory for the default model, or engine.model_path="
-                "a checkpoint directory",
-            )
-            if problem:
-                problems.append(problem)
-    if problems:
-        raise ConfigError(problems)
-
-
-def _config_problem(model_path: str) -> str | None:
-    """Why Hugging Face cannot read the checkpoint's config (an unknown model type, say)."""
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(model_path, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        why = " ".join(str(exc).split())[:300]
-        return (
-            f"{label('engine.model_path', model_path)}: its config.json does not load ({why}); "
-            "give a directory written by save_pretrained"
-        )
-    return None

@@ -341,10 +341,10 @@ def test_failing_and_hanging_workflows_are_counted_and_nothing_is_lost(
             f"""
             import asyncio, random, sys
             from stalebound.cli import main
-            from stalebound.train import job
+            from stalebound.train import episode
 
             rng = random.Random({SEED})
-            real = job.EngineEpisode.arun_episode
+            real = episode.EngineEpisode.arun_episode
 
             async def faulty(self, engine, sample):
                 roll = rng.random()
@@ -355,7 +355,7 @@ def test_failing_and_hanging_workflows_are_counted_and_nothing_is_lost(
                 return await real(self, engine, sample)
 
             if __name__ == "__main__":  # not in the engine worker, which imports this file
-                job.EngineEpisode.arun_episode = faulty
+                episode.EngineEpisode.arun_episode = faulty
                 sys.exit(main(sys.argv[1:]))
             """
         )

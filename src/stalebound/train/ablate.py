@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
 import shutil
 import statistics
 import sys
@@ -46,6 +47,12 @@ from stalebound.config import (
     parse_cli_overrides,
 )
 from stalebound.core.errors import ConfigError, StaleboundError
+from stalebound.engines.models import load_model, load_tokenizer
+from stalebound.tasks.base import make_task
+from stalebound.train.checkpoint import atomic_write_text, find_checkpoint
+from stalebound.train.outcome import TrainingInterrupted
+from stalebound.train.preflight import default_run_dir
+from stalebound.train.recipe import run_training
 
 __all__ = [
     "DEFAULT_GRID",
@@ -218,13 +225,8 @@ def final_policy_reward(cfg: StaleboundConfig, run_dir: Path) -> float:
     The training reward of a step is earned by weights up to η versions older than the trainer's,
     so at the end of a rising curve it lags by up to η steps; this figure scores the same weights
     (version = steps) in every row, whatever η."""
-    import random
+    import torch  # torch loads when a row is scored
 
-    import torch
-
-    from stalebound.engines.models import load_model, load_tokenizer
-    from stalebound.tasks import make_task
-    from stalebound.train.checkpoint import find_checkpoint
     from stalebound.train.rollout import rollout_groups
 
     checkpoint = find_checkpoint(run_dir)
@@ -282,9 +284,6 @@ def run_row(
     cfg: StaleboundConfig, objective: str, row_file: Path, console: Console
 ) -> dict[str, Any]:
     """Train one row (or reuse its finished result with the same config) and write its JSON."""
-    from stalebound.train.checkpoint import atomic_write_text
-    from stalebound.train.job import run_training
-
     text = dump_yaml(cfg)
     done = finished_row(row_file, text)
     if done is not None:
@@ -600,8 +599,6 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as e:
         print(f"stalebound ablate: {e}", file=sys.stderr)
         return 2
-    from stalebound.train.job import TrainingInterrupted, default_run_dir
-
     default = default_run_dir()
     out = Path(cfg.run.run_dir) if cfg.run.run_dir else default.with_name("ablate-" + default.name)
     console = Console(width=180, stderr=as_json)

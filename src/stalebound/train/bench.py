@@ -26,6 +26,9 @@ from stalebound.config import (
     parse_cli_overrides,
 )
 from stalebound.core.errors import ConfigError
+from stalebound.obs.records import load_run
+from stalebound.train.preflight import default_run_dir
+from stalebound.train.recipe import run_training
 
 __all__ = ["main", "run_bench"]
 
@@ -70,8 +73,6 @@ def run_figures(run_dir: Path) -> dict[str, float | None]:
     fraction of generated tokens thrown away: the tokens of aborted requests, plus finished
     trajectories discarded with their group (filtered, surplus, retried, aborted at a deadline)
     counted at the run's mean trained length, over those plus the trained tokens."""
-    from stalebound.obs.records import load_run
-
     data = load_run(run_dir)
     last = data.steps[-1] if data.steps else {}
     trajectories = sum(float(r.get("num_trajectories", 0.0)) for r in data.steps)
@@ -97,8 +98,6 @@ def run_bench(
 ) -> list[dict[str, object]]:
     """One run per policy and bound (the config's policy alone when ``policies`` is ``None``),
     each in ``out_dir/eta{η}`` (one policy) or ``out_dir/{policy}-eta{η}`` (several)."""
-    from stalebound.train.job import run_training
-
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115 - closed with the process
     names = [base.rollout.staleness_policy] if policies is None else list(policies)
     runs: list[dict[str, object]] = []
@@ -227,8 +226,6 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as e:
         print(f"stalebound bench: {e}", file=sys.stderr)
         return 2
-    from stalebound.train.job import default_run_dir
-
     out = (
         Path(cfg.run.run_dir)
         if cfg.run.run_dir

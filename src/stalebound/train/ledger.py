@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stalebound.core import ConfigError
+from stalebound.train.checkpoint import open_checkpoint
 from stalebound.userfiles import json_line, read_lines
 
 __all__ = ["LEDGER_FILE", "Audit", "ItemLedger", "audit_run"]
@@ -165,8 +166,6 @@ class Audit:
 def audit_run(run_dir: str | Path) -> Audit:
     """Check the ledger of ``run_dir`` against its newest checkpoint (see the module docstring).
     Raises :class:`~stalebound.train.checkpoint.CheckpointError` without a usable checkpoint."""
-    from stalebound.train.checkpoint import open_checkpoint
-
     ckpt = open_checkpoint(run_dir)
     state = ckpt.rollout_state()
     seen: Counter[int] = Counter()

@@ -1,10 +1,23 @@
 """The main job as a recipe (the shape of torchtune's recipes): :class:`TrainRecipe`.
 
-Its methods read top to bottom — ``setup``, ``load_checkpoint``, ``train`` (which calls
-``save_checkpoint``), ``cleanup`` — and :func:`~stalebound.train.job.run_training` runs them in
-that order. Where the engines and the trainer run is chosen by the factories of
-:mod:`stalebound.train.backends`; the pieces the recipe is made of (the episode workflow, the
-busy meter, the saved job state, the errors) are in :mod:`stalebound.train.job`.
+:func:`run_training` runs it. Its methods read top to bottom:
+
+1. ``setup``: :func:`~stalebound.train.preflight.preflight` checks the checkpoint to resume, the
+   task and the paths before anything is written; then the recipe takes the run directory, builds
+   (or reuses) the policy and warm-starts it on the task's reference answers (so RL starts from a
+   non-zero reward), starts the engines and the executor (the staleness policy of
+   ``rollout.staleness_policy``) and the trainer;
+2. ``load_checkpoint``: when resuming, the executor's groups, the optimizer and the job's totals;
+3. ``train``: take the next consumed batch, train one step, publish the weights (version + 1) to
+   the engines, log, draw, ``save_checkpoint`` when due; then evaluate and write the summary;
+4. ``cleanup``: stop the engines, close the files, release the run directory.
+
+Where the engines and the trainer run is chosen by the factories of
+:mod:`stalebound.train.backends`. The pieces the recipe is made of: the episode workflow and the
+busy meter (:mod:`~stalebound.train.episode`), the job's state in a checkpoint
+(:mod:`~stalebound.train.jobstate`), and how a run ends (:mod:`~stalebound.train.outcome`).
+torch, transformers and the torch parts of training load when the recipe runs, not when it is
+imported.
 """
 
 from __future__ import annotations
@@ -20,59 +33,70 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from stalebound.config import StaleboundConfig, dump_yaml
-from stalebound.core import ConfigError, StaleboundError
+from stalebound.core import ConfigError, StaleboundError, StalenessPolicy
+from stalebound.core.policy import BufferBacked
+from stalebound.engines.devices import resolve_device
+from stalebound.engines.models import load_model, load_tokenizer
 from stalebound.engines.protocol import SamplingParams
-from stalebound.runtime.config import STALENESS_ALIASES
+from stalebound.obs.live import LiveView, summary_table
+from stalebound.obs.metrics import RunLogger
+from stalebound.obs.plots import plot_run
+from stalebound.obs.records import BufferRow, buffer_rows
+from stalebound.obs.trace import (
+    TRACE_FILE,
+    TraceHeader,
+    TraceRecorder,
+    resumed_trace_name,
+    run_traces,
+)
+from stalebound.runtime import WorkflowExecutor
+from stalebound.runtime.executor import ExecutorStatistics
 from stalebound.train.backends import EngineSet, make_backend, make_engines
-from stalebound.train.job import (
-    BusyMeter,
-    EngineEpisode,
-    Progress,
+from stalebound.train.checkpoint import (
+    ROLLOUT_STATE,
+    TRAINER_STATE,
+    CheckpointError,
+    CheckpointWriteError,
+    abandon_after,
+    atomic_write_text,
+    write_checkpoint,
+)
+from stalebound.train.episode import BusyMeter, EngineEpisode
+from stalebound.train.jobstate import Progress, SavedJob, resume_settings
+from stalebound.train.ledger import ItemLedger
+from stalebound.train.outcome import (
     RunDirectoryError,
-    SavedJob,
     StopNow,
     StopRequest,
     TrainingFailed,
     TrainingInterrupted,
     TrainResult,
     Where,
-    base_model_dir,
-    clear_unfinished_start,
-    default_run_dir,
-    engine_death,
-    executor_metrics,
-    head_rows,
-    resume_settings,
 )
+from stalebound.train.preflight import Plan, preflight, refuse_a_held_run_dir
+from stalebound.train.runlock import RunLock
 
-__all__ = ["TrainRecipe"]
+__all__ = ["TrainRecipe", "run_training"]
 
 _log = logging.getLogger(__name__)
 
 
-def _refuse_a_held_run_dir(run_dir: Path) -> None:
-    from stalebound.train.checkpoint import CHECKPOINTS, checkpoint_dirs
+def run_training(cfg: StaleboundConfig, *, console: Console | None = None) -> TrainResult:
+    """Run the main job on ``cfg``: :class:`TrainRecipe` from setup to cleanup.
 
-    held = [n for n in ("metrics.jsonl", "ledger.jsonl", CHECKPOINTS) if (run_dir / n).exists()]
-    if not held:
-        return
-    if checkpoint_dirs(run_dir / CHECKPOINTS):
-        raise ConfigError(
-            f"run.run_dir={str(run_dir)!r}: already holds a run ({', '.join(held)}); continue "
-            f"it with resume={run_dir}, or choose a new directory"
-        )
-    raise ConfigError(
-        f"run.run_dir={str(run_dir)!r}: already holds a run that stopped before its first "
-        f"checkpoint ({', '.join(held)}); start it again from the beginning with "
-        f"resume={run_dir}, or choose a new directory"
-    )
+    ``cfg.run.resume`` continues a run from a checkpoint (a run directory means its newest), or
+    starts again from the beginning a run that stopped before its first checkpoint. Resuming from
+    a checkpoint older than the run's newest makes it the newest: the later ones move to
+    ``RUN_DIR/abandoned/`` and the records are cut back to its step. One process at a time runs
+    in a run directory (:class:`~stalebound.train.runlock.RunLock`)."""
+    return TrainRecipe(cfg, console=console).run()
 
 
 class TrainRecipe:
@@ -144,10 +168,8 @@ class TrainRecipe:
 
     def _prepare_torch(self) -> Any:
         """Torch's threads and seed, and the trainer's device; then listen for signals."""
-        import torch
+        import torch  # torch and transformers load when the job runs
         import transformers
-
-        from stalebound.engines.devices import resolve_device
 
         transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         train_device = resolve_device(self.cfg.train.device)
@@ -158,86 +180,28 @@ class TrainRecipe:
         return train_device
 
     def _plan(self) -> None:
-        """Every check before the run directory is touched; raises ConfigError (or a
+        """Every check before the run directory is touched
+        (:func:`~stalebound.train.preflight.preflight`); raises ConfigError (or a
         CheckpointError) with nothing written."""
-        from stalebound.engines.models import checkpoint_info, load_tokenizer
-        from stalebound.tasks import make_task
-        from stalebound.tasks.workflow import context_problems
-        from stalebound.train.checkpoint import find_checkpoint, run_config_of, run_dir_of
-        from stalebound.userfiles import check_run_paths
-
-        cfg = self.cfg
-        # A resumed run checks its checkpoint (every file's checksum) before it starts anything.
-        resume = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
-        self.resume = resume
-        self.restart = bool(cfg.run.resume) and resume is None
-        self.saved = SavedJob.read(resume) if resume is not None else None
-        if self.restart:
-            gone = run_config_of(cfg.run.resume or "").parent
-            if (gone / "summary.json").is_file():  # starting it again would throw results away
-                raise ConfigError(
-                    f"resume={cfg.run.resume!r}: the run finished without a checkpoint "
-                    "(run.checkpoint=false), so there is nothing to continue from; start a new "
-                    "run in another directory"
-                )
-        if resume is not None and self.saved is not None:
-            self._check_resume_settings(resume, self.saved)
-        if cfg.run.run_dir:
-            run_dir = Path(cfg.run.run_dir)
-        elif cfg.run.resume:
-            run_dir = run_dir_of(resume.path if resume is not None else cfg.run.resume)
-        else:
-            run_dir = default_run_dir()
-        self.cfg = cfg = dataclasses.replace(
-            cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir))
+        plan = preflight(self.cfg)
+        self.plan: Plan = plan
+        self.cfg, self.run_dir, self.task, self.samples = (
+            plan.cfg,
+            plan.run_dir,
+            plan.task,
+            plan.samples,
         )
-        self.run_dir = run_dir
-        # the task's own checks (and its prompt file) before the run directory is touched
-        self.task = make_task(cfg.task)
-        self.samples = list(self.task.samples())
-        check_run_paths(cfg, run_dir, resuming=resume is not None)  # the paths, before writing
-        # the checkpoint's own limits (context length, chat template) against the task's prompts
-        base_dir = resume.path if resume is not None else base_model_dir(cfg)
-        too_long = context_problems(
-            self.task,
-            load_tokenizer(base_dir),
-            self.samples,
-            checkpoint_info(base_dir).max_positions,
-        )
-        if too_long:
-            raise ConfigError(too_long)
-
-    def _check_resume_settings(self, resume: Any, saved: SavedJob) -> None:
-        cfg = self.cfg
-        now = resume_settings(cfg)
-        # checkpoints written before the bound had one name store it under AReaL's
-        then = {STALENESS_ALIASES.get(k, k): v for k, v in saved.settings.items()}
-        changed = [f"{k}: {then.get(k)!r} → {now[k]!r}" for k in now if then.get(k) != now[k]]
-        if changed:
-            raise ConfigError(
-                f"resume={cfg.run.resume!r}: the checkpoint was written with other settings "
-                f"({'; '.join(changed)}); resume with the run's own settings (its config.yaml) "
-                "or start a new run"
-            )
-        if cfg.run.steps < resume.step:
-            raise ConfigError(
-                f"run.steps={cfg.run.steps}: the run is already at step {resume.step} "
-                f"({resume.path}); give run.steps={resume.step} or more to continue it, or "
-                "resume from an earlier checkpoint"
-            )
+        self.resume, self.saved, self.restart = plan.resume, plan.saved, plan.restart
 
     def _take_run_dir(self) -> None:
         """Lock the run directory and write the run's config.yaml (ConfigError if it cannot)."""
-        from stalebound.train.checkpoint import abandon_after, atomic_write_text
-        from stalebound.train.runlock import RunLock
-
         run_dir, resume = self.run_dir, self.resume
         self._lock = RunLock(run_dir)
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             self._lock.acquire()
             if resume is None and not self.restart:  # a run directory is never overwritten
-                _refuse_a_held_run_dir(run_dir)
+                refuse_a_held_run_dir(run_dir)
             moved = abandon_after(run_dir, resume) if resume is not None else []
             if moved and resume is not None:
                 self.console.print(
@@ -260,12 +224,7 @@ class TrainRecipe:
         self.where = Where(run_dir) if resume is None else Where(run_dir, resume.step, resume.path)
 
     def _build(self, train_device: Any) -> None:
-        from stalebound.engines.models import load_model, load_tokenizer
-        from stalebound.obs.live import LiveView
-        from stalebound.obs.metrics import RunLogger
-        from stalebound.runtime import WorkflowExecutor
-        from stalebound.train.ledger import ItemLedger
-        from stalebound.train.rollout import evaluate
+        from stalebound.train.rollout import evaluate  # these two load torch
         from stalebound.train.warmstart import warm_start
 
         cfg, console, run_dir, resume = self.cfg, self.console, self.run_dir, self.resume
@@ -275,7 +234,7 @@ class TrainRecipe:
         self.eval_set = rng.sample(self.samples, min(cfg.run.eval_prompts, len(self.samples)))
         self.order = list(self.samples)
         rng.shuffle(self.order)
-        policy_dir = resume.path if resume is not None else base_model_dir(cfg)
+        policy_dir = self.plan.base_dir
         try:
             self.model = load_model(policy_dir, device=train_device)
             self.tokenizer = load_tokenizer(policy_dir)
@@ -326,13 +285,6 @@ class TrainRecipe:
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p)
         recorder = None
         if cfg.run.trace:
-            from stalebound.obs.trace import (
-                TRACE_FILE,
-                TraceHeader,
-                TraceRecorder,
-                resumed_trace_name,
-            )
-
             meta = {"task": cfg.task.name, "staleness": cfg.rollout.staleness}
             header = TraceHeader(source="runtime", group_size=cfg.rollout.group_size, meta=meta)
             name = TRACE_FILE if resume is None else resumed_trace_name(resume.step)
@@ -380,8 +332,6 @@ class TrainRecipe:
         were loaded from it when the model was built.)"""
         import torch
 
-        from stalebound.train.checkpoint import ROLLOUT_STATE, TRAINER_STATE
-
         resume, saved = self.resume, self.saved
         if resume is None or saved is None:
             return
@@ -412,8 +362,6 @@ class TrainRecipe:
         """Write the checkpoint of ``step``: the policy, the trainer's and the executor's state
         and the job's totals (the newest ``run.keep_checkpoints`` are kept)."""
         import torch
-
-        from stalebound.train.checkpoint import write_checkpoint
 
         executor, trainer, progress = self.executor, self.trainer, self.progress
         rollout_state = executor.state_dict()  # first: the executor keeps running meanwhile
@@ -583,9 +531,7 @@ class TrainRecipe:
 
     def _finish(self, wall: float, eta: int) -> TrainResult:
         """The final evaluation, plots and summary, once the engines are stopped."""
-        from stalebound.obs.live import summary_table
-        from stalebound.train.checkpoint import atomic_write_text
-        from stalebound.train.rollout import evaluate
+        from stalebound.train.rollout import evaluate  # loads torch
 
         progress, run_dir = self.progress, self.run_dir
         self.backend.gather(self.model, self.trainer)  # the policy trained, here to evaluate
@@ -593,8 +539,6 @@ class TrainRecipe:
         eval_after = evaluate(self.model, self.tokenizer, self.task, self.eval_set)["acc"]
         self.logger.close()
         if self.cfg.run.plots:
-            from stalebound.obs.plots import plot_run
-
             plot_run(run_dir)
         self.console.print(summary_table(self.logger.summary()))
         rewards = progress.rewards
@@ -632,8 +576,6 @@ class TrainRecipe:
     @contextlib.contextmanager
     def _failures(self) -> Iterator[None]:
         """Turn what stops a run into the job's errors, each naming how to continue."""
-        from stalebound.train.checkpoint import CheckpointError, CheckpointWriteError
-
         where = self.where
         assert where is not None
         run_dir = where.run_dir
@@ -713,3 +655,50 @@ class TrainRecipe:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+
+
+def executor_metrics(es: ExecutorStatistics) -> dict[str, float]:
+    """The executor's counters a training step logs (typed fields, not getattr: a misspelt
+    counter fails the type check instead of logging a silent zero)."""
+    return {
+        "filtered_groups": float(es.filtered_groups),
+        "failed_groups": float(es.failed_groups),
+        "failed_members": float(sum(es.member_failures.values())),
+        "timed_out_members": float(es.member_failures.get("timeout", 0)),
+        "retried_groups": float(es.retried_groups),
+        "truncated_groups": float(es.truncated_groups),
+        "truncated_trajectories": float(es.truncated_trajectories),
+        "dropped_groups": float(es.dropped_groups),
+        "surplus_groups": float(es.surplus_groups),
+        "resumed_groups": float(es.resumed_groups),
+        "aborted_tokens": float(sum(es.aborted_tokens.values())),
+        "discarded_members": float(sum(es.discarded_members.values())),
+        "deadline_groups": float(es.deadline_groups),
+        "overdue_groups": float(es.overdue_groups),
+        "stuck_seconds": es.stuck_seconds,
+    }
+
+
+def head_rows(policy: StalenessPolicy) -> tuple[int, list[BufferRow]]:
+    """The policy's version and its buffers' rows (none for a policy without buffers)."""
+    if isinstance(policy, BufferBacked):  # the buffer and the deadline policies
+        return policy.version, buffer_rows(policy.buffer)
+    return policy.version, []
+
+
+def engine_death(engines: Sequence[Any]) -> str | None:
+    """Why an engine of the job died (``None`` when none did): the cause the user needs, not
+    the library's advice on the engine object."""
+    for engine in engines:
+        reason = getattr(engine, "death", None)
+        if reason:
+            return str(reason)
+    return None
+
+
+def clear_unfinished_start(run_dir: Path) -> None:
+    """Files of a run that stopped before its first checkpoint that starting it again does not
+    rewrite itself (the metrics and the ledger are cut back to nothing when they are opened)."""
+    for _, path in run_traces(run_dir):
+        if path.name != TRACE_FILE:  # the first trace is written again from the start
+            path.unlink(missing_ok=True)

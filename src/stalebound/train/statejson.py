@@ -22,6 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from stalebound.core.errors import StaleboundError
+from stalebound.core.groups import MemberId, MemberResult
+from stalebound.runtime.results import Trajectory as Rollout
+from stalebound.tasks.episode import Sample, Trajectory, Turn
 
 __all__ = ["TYPES", "StateDataError", "decode", "encode"]
 
@@ -31,10 +34,6 @@ class StateDataError(StaleboundError, ValueError):
 
 
 def _types() -> dict[str, type]:
-    from stalebound.core.groups import MemberId, MemberResult
-    from stalebound.runtime.executor import Trajectory as Rollout
-    from stalebound.tasks.base import Sample, Trajectory, Turn
-
     kinds: tuple[type, ...] = (MemberId, MemberResult, Rollout, Sample, Trajectory, Turn)
     return {f"{t.__module__}.{t.__qualname__}": t for t in kinds}
 

@@ -1,0 +1,235 @@
+"""Every check of ``stalebound train`` that can be made before anything is written or started.
+
+The recipe calls :func:`preflight` first. It reads the settings, the checkpoint to resume, the
+task's prompts and the paths, and returns the :class:`Plan` the recipe carries out; whatever is
+wrong is raised as one :class:`~stalebound.core.errors.ConfigError` (or a
+:class:`~stalebound.train.checkpoint.CheckpointError`) while the run directory is untouched and no
+model, engine or trainer has started. A new check belongs here, in :func:`preflight`.
+
+:func:`train_config` resolves the settings ``stalebound train`` runs with (what ``python -m
+stalebound.config`` prints); :func:`refuse_a_held_run_dir` is the one check that needs the run
+directory's lock, so the recipe calls it once it holds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from stalebound.config import (
+    TRAIN_RECIPE,
+    StaleboundConfig,
+    load_config,
+    parse_cli_overrides,
+)
+from stalebound.core.errors import ConfigError
+from stalebound.engines.models import (
+    build_default_model,
+    checkpoint_info,
+    checkpoint_problem,
+    is_default_model,
+    load_tokenizer,
+)
+from stalebound.runtime.config import STALENESS_ALIASES
+from stalebound.tasks.base import Task, make_task
+from stalebound.tasks.episode import Sample
+from stalebound.tasks.workflow import context_problems
+from stalebound.train.checkpoint import (
+    CHECKPOINTS,
+    Checkpoint,
+    checkpoint_dirs,
+    find_checkpoint,
+    run_config_of,
+    run_dir_of,
+)
+from stalebound.train.jobstate import SavedJob, resume_settings
+from stalebound.userfiles import label, writable_dir_problem
+
+__all__ = [
+    "Plan",
+    "base_model_dir",
+    "check_run_paths",
+    "default_run_dir",
+    "preflight",
+    "refuse_a_held_run_dir",
+    "train_config",
+]
+
+
+def train_config(argv: Sequence[str]) -> StaleboundConfig:
+    """The settings ``stalebound train ARGV`` runs with: the train recipe
+    (:data:`~stalebound.config.TRAIN_RECIPE`), then the YAML files, overrides and flags of
+    ``argv``. With ``resume=RUN``, the run's own ``config.yaml`` takes the recipe's place (what
+    ``argv`` says still applies on top) and the run keeps its directory."""
+    paths, overrides = parse_cli_overrides(argv)
+    cfg = load_config([TRAIN_RECIPE, *paths], overrides)
+    if cfg.run.resume:
+        saved = run_config_of(cfg.run.resume)
+        cfg = load_config([saved, *paths], [*overrides, f"run.run_dir={saved.parent}"])
+    return cfg
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the checks found: the run the recipe carries out."""
+
+    cfg: StaleboundConfig
+    """The settings, with ``run.run_dir`` decided."""
+    run_dir: Path
+    task: Task
+    samples: list[Sample]
+    """The task's prompts, read and checked against the model's context length."""
+    base_dir: Path
+    """The checkpoint the policy loads from: the one resumed from, ``engine.model_path``, or
+    the default model."""
+    resume: Checkpoint | None = None
+    """The verified checkpoint the run continues from."""
+    saved: SavedJob | None = None
+    """The job's state in :attr:`resume`."""
+    restart: bool = False
+    """The run stopped before its first checkpoint and starts again from the beginning."""
+
+
+def preflight(cfg: StaleboundConfig) -> Plan:
+    """Every check before the run directory is touched, in order: the checkpoint to resume (every
+    file's checksum, the job's state, the settings it was written with), the run directory, the
+    task and its prompts, the paths, and the prompts against the model's context length. Raises
+    ConfigError (or a CheckpointError) with nothing written."""
+    resume = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
+    restart = bool(cfg.run.resume) and resume is None
+    saved = SavedJob.read(resume) if resume is not None else None
+    if restart:
+        gone = run_config_of(cfg.run.resume or "").parent
+        if (gone / "summary.json").is_file():  # starting it again would throw results away
+            raise ConfigError(
+                f"resume={cfg.run.resume!r}: the run finished without a checkpoint "
+                "(run.checkpoint=false), so there is nothing to continue from; start a new "
+                "run in another directory"
+            )
+    if resume is not None and saved is not None:
+        check_resume_settings(cfg, resume, saved)
+    if cfg.run.run_dir:
+        run_dir = Path(cfg.run.run_dir)
+    elif cfg.run.resume:
+        run_dir = run_dir_of(resume.path if resume is not None else cfg.run.resume)
+    else:
+        run_dir = default_run_dir()
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
+    # the task's own checks (and its prompt file) before the run directory is touched
+    task = make_task(cfg.task)
+    samples = list(task.samples())
+    check_run_paths(cfg, run_dir, resuming=resume is not None)
+    # the checkpoint's own limits (context length, chat template) against the task's prompts
+    base_dir = resume.path if resume is not None else base_model_dir(cfg)
+    too_long = context_problems(
+        task, load_tokenizer(base_dir), samples, checkpoint_info(base_dir).max_positions
+    )
+    if too_long:
+        raise ConfigError(too_long)
+    return Plan(cfg, run_dir, task, samples, base_dir, resume, saved, restart)
+
+
+def check_resume_settings(cfg: StaleboundConfig, resume: Checkpoint, saved: SavedJob) -> None:
+    """The settings the checkpoint was written with (:func:`resume_settings`) are ``cfg``'s, and
+    ``run.steps`` reaches at least its step."""
+    now = resume_settings(cfg)
+    # checkpoints written before the bound had one name store it under AReaL's
+    then = {STALENESS_ALIASES.get(k, k): v for k, v in saved.settings.items()}
+    changed = [f"{k}: {then.get(k)!r} → {now[k]!r}" for k in now if then.get(k) != now[k]]
+    if changed:
+        raise ConfigError(
+            f"resume={cfg.run.resume!r}: the checkpoint was written with other settings "
+            f"({'; '.join(changed)}); resume with the run's own settings (its config.yaml) "
+            "or start a new run"
+        )
+    if cfg.run.steps < resume.step:
+        raise ConfigError(
+            f"run.steps={cfg.run.steps}: the run is already at step {resume.step} "
+            f"({resume.path}); give run.steps={resume.step} or more to continue it, or "
+            "resume from an earlier checkpoint"
+        )
+
+
+def check_run_paths(cfg: StaleboundConfig, run_dir: Path, *, resuming: bool) -> None:
+    """The paths ``stalebound train`` writes or reads: the run directory can be written, and
+    (unless it resumes from a checkpoint) ``engine.model_path`` is a checkpoint whose config
+    loads, or ``engine.cache_dir`` holds the default model or can be written. All problems at
+    once, as one ConfigError."""
+    problems = []
+    problem = writable_dir_problem(
+        run_dir,
+        label("run.run_dir", run_dir),
+        fix="choose a writable directory with free space (and names under 255 bytes)",
+    )
+    if problem:
+        problems.append(problem)
+    model_path = cfg.engine.model_path
+    if resuming:
+        pass  # the checkpoint holds the model
+    elif model_path:
+        problem = checkpoint_problem(model_path, "engine.model_path") or _config_problem(model_path)
+        if problem:
+            problems.append(problem)
+    else:
+        built = Path(cfg.engine.cache_dir) / f"default-seed{cfg.seed}"
+        if not is_default_model(built, seed=cfg.seed):
+            problem = writable_dir_problem(
+                built,
+                label("engine.cache_dir", cfg.engine.cache_dir),
+                fix="give a writable directory for the default model, or engine.model_path="
+                "a checkpoint directory",
+            )
+            if problem:
+                problems.append(problem)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _config_problem(model_path: str) -> str | None:
+    """Why Hugging Face cannot read the checkpoint's config (an unknown model type, say)."""
+    from transformers import AutoConfig  # transformers loads on first use
+
+    try:
+        AutoConfig.from_pretrained(model_path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = " ".join(str(exc).split())[:300]
+        return (
+            f"{label('engine.model_path', model_path)}: its config.json does not load ({why}); "
+            "give a directory written by save_pretrained"
+        )
+    return None
+
+
+def refuse_a_held_run_dir(run_dir: Path) -> None:
+    """A new run never writes into a directory that holds another run (ConfigError naming how to
+    continue that one). Checked under the run directory's lock, where no other process can
+    start a run there in between."""
+    held = [n for n in ("metrics.jsonl", "ledger.jsonl", CHECKPOINTS) if (run_dir / n).exists()]
+    if not held:
+        return
+    if checkpoint_dirs(run_dir / CHECKPOINTS):
+        raise ConfigError(
+            f"run.run_dir={str(run_dir)!r}: already holds a run ({', '.join(held)}); continue "
+            f"it with resume={run_dir}, or choose a new directory"
+        )
+    raise ConfigError(
+        f"run.run_dir={str(run_dir)!r}: already holds a run that stopped before its first "
+        f"checkpoint ({', '.join(held)}); start it again from the beginning with "
+        f"resume={run_dir}, or choose a new directory"
+    )
+
+
+def base_model_dir(cfg: StaleboundConfig) -> Path:
+    """The checkpoint a new run starts from: ``engine.model_path``, or the default tiny model
+    (built once into ``engine.cache_dir``)."""
+    if cfg.engine.model_path:
+        return Path(cfg.engine.model_path)
+    return build_default_model(Path(cfg.engine.cache_dir) / f"default-seed{cfg.seed}")
+
+
+def default_run_dir() -> Path:
+    """``runs/<date>-<time>``: where a run goes when ``run.run_dir`` names no directory."""
+    return Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
