@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from stalebound.core.errors import ConfigError
+from stalebound.engines.devices import resolve_device, torch_dtype
+from stalebound.tasks.corpus import task_corpus
 from stalebound.userfiles import label
 
 if TYPE_CHECKING:
@@ -174,19 +176,6 @@ _BPE_SPECIALS: Final[dict[str, tuple[str, ...]]] = {
 }
 
 
-def _task_corpus() -> list[str]:
-    """Prompts and reference solutions of every built-in task (what the BPE merges learn from)."""
-    from stalebound.tasks import TaskConfig, list_tasks, make_task
-
-    texts = ["user", "assistant", "[INST] ", " [/INST]"]
-    for name in list_tasks():
-        task = make_task(TaskConfig(name=name))
-        for sample in task.samples():
-            texts.append(task.prompt(sample))
-            texts.extend(turn.text for turn in task.demonstration(sample))
-    return texts
-
-
 def build_bpe_tokenizer(
     arch: str = "qwen2", *, vocab_size: int = 384, chat_template: bool = True
 ) -> PreTrainedTokenizerFast:
@@ -212,7 +201,7 @@ def build_bpe_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_task_corpus(), trainer=trainer)
+    tok.train_from_iterator(task_corpus(), trainer=trainer)
     if arch == "qwen2":
         names = {"pad_token": specials[0], "eos_token": specials[2]}
         template = CHATML_TEMPLATE
@@ -349,8 +338,6 @@ def load_model(
     """
     import torch
     from transformers import AutoModelForCausalLM
-
-    from stalebound.engines.devices import resolve_device, torch_dtype
 
     if isinstance(dtype, str):
         dtype = torch_dtype(dtype)
