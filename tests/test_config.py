@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from stalebound.config import (
     ALIASES,
+    SYNONYMS,
     StaleboundConfig,
     config_reference,
     dump_yaml,
@@ -202,6 +203,35 @@ def test_unknown_keys_suggest_the_closest() -> None:
     assert problems_of(overrides=["zzzz=1"]) == (
         "zzzz=1: unknown key; remove it (python -m stalebound.config --reference lists every key)",
     )
+
+
+def test_an_unknown_key_suggests_the_key_that_means_the_same() -> None:
+    # what users of other trainers write, answered with the name here (not the closest spelling:
+    # train.learning_rate is spelt most like train.mask_truncated)
+    assert problems_of(overrides=["train.learning_rate=1e-5"]) == (
+        "train.learning_rate=1e-5: unknown key; did you mean train.lr?",
+    )
+    assert problems_of(overrides=["rollout.batch_size=16", "engine.batch_size=64"]) == (
+        "rollout.batch_size=16: unknown key; did you mean rollout.consumer_batch_size?",
+        "engine.batch_size=64: unknown key; did you mean engine.max_batch_size?",
+    )
+    assert problems_of(overrides=["rollout.n=4", "rollout.num_samples=4", "run.max_steps=9"]) == (
+        "rollout.n=4: unknown key; did you mean rollout.group_size?",
+        "rollout.num_samples=4: unknown key; did you mean rollout.group_size?",
+        "run.max_steps=9: unknown key; did you mean run.steps?",
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_cli_overrides(["--learning-rate", "1e-5", "--train.learning-rate=1e-5"])
+    assert info.value.problems == (
+        "--learning-rate=1e-5: unknown flag; did you mean --train.lr?",
+        "--train.learning-rate=1e-5: unknown flag; did you mean --train.lr?",
+    )
+
+
+def test_every_synonym_names_a_real_key() -> None:
+    names = {key.rsplit(".", 1)[-1] for key in Schema(StaleboundConfig, ALIASES).spellings()}
+    assert set(SYNONYMS) <= names
+    assert not set().union(*SYNONYMS.values()) & names  # a synonym is never a real name
 
 
 def test_unknown_section_is_reported_once_at_its_top(tmp_path: Path) -> None:
@@ -546,6 +576,69 @@ def test_main_prints_the_resolved_config_and_errors() -> None:
     assert bad.stderr == "seed=x: must be an integer; write a whole number (default: 0)\n"
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_main_prints_its_help(flag: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stalebound.config", flag],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith(
+        "usage: python -m stalebound.config [CONFIG.yaml ...] [key.path=value ...] "
+        "[--flag VALUE ...]\n"
+    )
+    assert "  --reference   print the reference of every key" in done.stdout
+
+
+def _printed_and_trained(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[Any, Any]:
+    """What ``python -m stalebound.config ARGV`` prints, and the settings ``stalebound train
+    ARGV`` hands to the job (caught where the job would start), both as plain data."""
+    from stalebound.cli import main as cli_main
+    from stalebound.config.cli import main as config_main
+    from stalebound.train import recipe
+    from stalebound.typedconfig import to_plain
+
+    assert config_main(argv) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    trained: list[StaleboundConfig] = []
+    monkeypatch.setattr(recipe, "run_training", lambda cfg: trained.append(cfg))
+    assert cli_main(["train", *argv]) == 0
+    return printed, to_plain(trained[0])
+
+
+def test_main_prints_what_train_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    printed, trained = _printed_and_trained(["run.steps=3"], monkeypatch, capsys)
+    assert printed == trained
+    # the train recipe's policy and bound, not the tree's defaults
+    assert (printed["rollout"]["staleness_policy"], printed["rollout"]["staleness"]) == (
+        "deadline",
+        4,
+    )
+    assert StaleboundConfig().rollout.staleness_policy == "buffer"
+
+
+def test_main_prints_what_a_resumed_run_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    saved = load_config(overrides=["rollout.staleness=1", "run.steps=5"])
+    (run_dir / "config.yaml").write_text(dump_yaml(saved))
+    argv = [f"resume={run_dir}", "run.steps=8"]
+    printed, trained = _printed_and_trained(argv, monkeypatch, capsys)
+    assert printed == trained
+    assert printed["rollout"]["staleness"] == 1  # the run's own settings
+    assert printed["run"]["steps"] == 8  # what the command line says on top
+    assert printed["run"]["run_dir"] == str(run_dir)
+
+
 # -- the reference documentation --------------------------------------------------------------------
 
 
@@ -835,11 +928,16 @@ def test_a_file_of_66000_keys_is_refused_by_its_count_of_values(tmp_path: Path) 
 def test_thousands_of_unknown_keys_list_the_first_twenty_and_count_the_rest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from stalebound import typedconfig
+    from stalebound.typedconfig import schema
 
     asked: list[str] = []  # the did-you-mean search is the costly part of an unknown key
-    real = typedconfig.suggest
-    monkeypatch.setattr(typedconfig, "suggest", lambda key, c: asked.append(key) or real(key, c))
+    real = schema.suggest
+
+    def counted(key: str, *rest: Any) -> str | None:
+        asked.append(key)
+        return real(key, *rest)
+
+    monkeypatch.setattr(schema, "suggest", counted)
     with pytest.raises(ConfigError) as info:
         load_config(data=[{f"u{i:05d}": i for i in range(66_000)}])
     error = info.value

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from stalebound.cli import main as cli_main
-from stalebound.config import main as config_main
+from stalebound.config.cli import main as config_main
 
 LONG = "a" * 300  # one name past the 255 bytes a file system allows
 

@@ -1,4 +1,5 @@
-"""Trainer settings: a pure dataclass (no torch), one docstring per field.
+"""The ``train`` and ``run`` sections of the config tree: pure dataclasses (no torch), one
+docstring per field.
 
 :meth:`TrainConfig.problems` lists every invalid value at once (``name=value: why; the fix``);
 :meth:`TrainConfig.validate` raises them as one :class:`~stalebound.core.errors.ConfigError`.
@@ -7,13 +8,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from stalebound.core.errors import ConfigError
 from stalebound.engines.devices import device_problems
+from stalebound.typedconfig import bounds
 
-__all__ = ["TrainConfig"]
+__all__ = ["RunConfig", "TrainConfig"]
 
 
 @dataclass
@@ -178,3 +180,50 @@ class TrainConfig:
         if p:
             raise ConfigError(p)
         return self
+
+
+@dataclass
+class RunConfig:
+    """The main job: how long it trains, where it writes, what it shows."""
+
+    steps: int = field(default=60, metadata=bounds(ge=1, fix="train at least one step"))
+    """Training steps (one consumed batch each)."""
+    run_dir: str | None = None
+    """The run directory; ``None`` makes ``runs/<date>-<time>``."""
+    live: bool | None = None
+    """The live terminal view: ``true`` always draws it, ``false`` prints a line per step, ``null``
+    draws it on a terminal only."""
+    eval_prompts: int = field(default=100, metadata=bounds(ge=1, fix="e.g. 100"))
+    """Prompts of the greedy evaluation before and after RL."""
+    target_reward: float = 0.6
+    """The training reward (mean over the last 5 steps) that counts as reached for
+    ``time_to_target_s``."""
+    checkpoint: bool = True
+    """Write checkpoints into ``RUN_DIR/checkpoints``: every ``checkpoint_every_steps`` steps and
+    ``checkpoint_every_s`` seconds, at the end, and on SIGTERM/SIGINT (see docs/checkpoints.md)."""
+    checkpoint_every_steps: int = field(
+        default=20,
+        metadata=bounds(ge=0, fix="e.g. 20; 0 writes one only at the end and on a signal"),
+    )
+    """Steps between periodic checkpoints (0: none)."""
+    checkpoint_every_s: float = field(
+        default=600.0, metadata=bounds(ge=0, fix="give seconds, e.g. 600; 0 turns the timer off")
+    )
+    """Seconds between periodic checkpoints, checked after each step (0: no timer)."""
+    keep_checkpoints: int = field(
+        default=2, metadata=bounds(ge=1, fix="keep at least one; 2 (the default) leaves a spare")
+    )
+    """How many of the newest checkpoints to keep; older ones are deleted once a new one is
+    written, so a damaged newest one still leaves an intact one to resume from."""
+    resume: str | None = None
+    """Continue a run: its directory (the newest checkpoint in it) or one checkpoint directory
+    (``RUN_DIR/checkpoints/step-000040``; later checkpoints move to ``RUN_DIR/abandoned/``).
+    ``stalebound train resume=RUN_DIR`` reads the run's ``config.yaml`` first; overrides given
+    with it (``run.steps=100``) still apply. A run with no checkpoint yet starts again."""
+    plots: bool = True
+    """Draw the PNG plots into the run directory at the end."""
+    tensorboard: bool = True
+    """Write TensorBoard event files into the run directory."""
+    trace: bool = True
+    """Write ``trace.jsonl``: each episode's timing and tokens, for ``stalebound simulate
+    --replay``."""
