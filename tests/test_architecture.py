@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 import stalebound
 
@@ -160,3 +164,186 @@ def test_task_base_and_workflow_do_not_import_each_other() -> None:
     tasks = Path(stalebound.__file__).parent / "tasks"
     assert "stalebound.tasks.workflow" in imported_modules(tasks / "base.py")
     assert "stalebound.tasks.base" not in imported_modules(tasks / "workflow.py")
+
+
+# -- the import graph --------------------------------------------------------------------------------
+#
+# Nodes are the package's modules; an edge is one import statement, resolved to the most specific
+# module it names (``from stalebound.tasks import base`` → ``stalebound.tasks.base``; ``from
+# stalebound.core import Coordinator`` → ``stalebound.core``). Typing-only imports (under ``if
+# TYPE_CHECKING:``) count: a module that names another's types depends on it.
+
+SRC = CORE.parent.parent
+
+
+def _module_paths() -> dict[str, Path]:
+    paths = {}
+    for path in (SRC / "stalebound").rglob("*.py"):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        paths[".".join(parts)] = path
+    return paths
+
+
+MODULES = _module_paths()
+
+
+def _resolve(name: str) -> str | None:
+    """The most specific module of the package that ``name`` (dotted) lies in, if any."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in MODULES:
+            return candidate
+    return None
+
+
+def _targets(node: ast.Import | ast.ImportFrom) -> set[str]:
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif node.level == 0 and node.module:
+        named = [f"{node.module}.{alias.name}" for alias in node.names]
+        # ``from package import submodule``: the submodule; ``from module import name``: the module
+        names = [n if n in MODULES else node.module for n in named]
+    else:  # the package writes no relative imports
+        raise AssertionError(f"a relative import at line {node.lineno}")
+    return {t for t in map(_resolve, names) if t is not None}
+
+
+def _imports(module: str, *, nested: bool) -> dict[str, int]:
+    """The package's modules that ``module`` imports (each with the line of its first import):
+    with ``nested``, also those imported inside functions and classes."""
+    found: dict[str, int] = {}
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                for target in _targets(node):
+                    if target != module:
+                        found.setdefault(target, node.lineno)
+            elif nested or isinstance(node, ast.If | ast.Try | ast.With):
+                # module-level blocks (``if TYPE_CHECKING:``, ``try: ... except ImportError:``)
+                # are module level; with ``nested``, every body below
+                for child in ast.iter_child_nodes(node):
+                    if isinstance(child, ast.stmt):
+                        visit([child])
+                    elif isinstance(child, ast.excepthandler):
+                        visit(child.body)
+
+    visit(ast.parse(MODULES[module].read_text()).body)
+    return found
+
+
+def _graph(*, nested: bool) -> dict[str, dict[str, int]]:
+    return {module: _imports(module, nested=nested) for module in MODULES}
+
+
+def _reach(graph: dict[str, dict[str, int]], start: str) -> dict[str, str]:
+    """Every module ``start`` leads to, each with the module it is first reached from (a
+    breadth-first search, so following them back gives a shortest chain)."""
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for target in sorted(graph[module]):
+                if target not in came_from:
+                    came_from[target] = module
+                    following.append(target)
+        frontier = following
+    return came_from
+
+
+def _circles(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Each set of modules that import each other round a circle, once: its modules, and the
+    shortest circle through the first of them as ``a → b (line 7) → a (line 12)``."""
+    reach = {module: _reach(graph, module) for module in graph}
+    seen: set[str] = set()
+    circles = []
+    for start in sorted(graph):
+        if start in seen or start not in reach[start]:
+            continue
+        members = sorted(m for m in reach[start] if start in reach[m])
+        seen.update(members)
+        path = [start]
+        while len(path) == 1 or path[-1] != start:
+            path.append(reach[start][path[-1]])
+        path.reverse()
+        steps = [path[0]] + [f"{b} (line {graph[a][b]})" for a, b in itertools.pairwise(path)]
+        circles.append(f"{len(members)} modules ({', '.join(members)}): {' → '.join(steps)}")
+    return circles
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["module-level", "inside-functions-too"])
+def test_no_module_imports_itself_round_a_circle(nested: bool) -> None:
+    """Layers depend one way: no chain of imports leads from a module back to itself — at module
+    level, and neither through the imports inside functions (those stay only to keep a heavy
+    optional dependency unloaded until it is used)."""
+    assert _circles(_graph(nested=nested)) == []
+
+
+def _offenders(modules: list[str], allowed: Callable[[str], bool]) -> dict[str, list[str]]:
+    offenders = {}
+    for module in modules:
+        bad = [
+            f"{target} (line {line})"
+            for target, line in _imports(module, nested=True).items()
+            if not allowed(target)
+        ]
+        if bad:
+            offenders[module] = bad
+    return offenders
+
+
+def _within(target: str, *packages: str) -> bool:
+    return any(target == p or target.startswith(p + ".") for p in packages)
+
+
+def _is_section(target: str) -> bool:
+    """A config section module: ``stalebound.<layer>.config``."""
+    return (
+        target.startswith("stalebound.") and target.endswith(".config") and target.count(".") == 2
+    )
+
+
+def test_the_config_tree_composes_sections_only() -> None:
+    """``stalebound.config`` puts the layers' own sections together; it imports no engine, task,
+    training or runtime logic (only the sections, the loader and the error types)."""
+    offenders = _offenders(
+        [m for m in MODULES if m == "stalebound.config"],
+        lambda t: _is_section(t) or _within(t, "stalebound.typedconfig", "stalebound.core.errors"),
+    )
+    assert offenders == {}
+
+
+UTILITIES = ("stalebound._lazy", "stalebound.userfiles", "stalebound.typedconfig", "stalebound.obs")
+"""Modules every layer may use: they know no config tree, no engine and no training."""
+
+
+def test_utilities_import_no_config_no_engines_no_training() -> None:
+    offenders = _offenders(
+        [m for m in MODULES if _within(m, *UTILITIES)],
+        lambda t: _within(t, "stalebound.core", *UTILITIES),
+    )
+    assert offenders == {}
+
+
+JOB = ("stalebound.train.recipe", "stalebound.train.backends", "stalebound.train.preflight")
+
+
+def test_the_ray_backend_and_the_job_depend_one_way() -> None:
+    """The job picks the Ray backend (train/backends.py imports distributed/); the Ray backend runs
+    the trainer's parts (train/trainer.py, losses, config) and never the job that picks it."""
+    train = [m for m in MODULES if _within(m, "stalebound.train")]
+    importers = sorted(
+        m
+        for m in train
+        if any(_within(t, "stalebound.distributed") for t in _imports(m, nested=True))
+    )
+    assert importers == ["stalebound.train.backends"]
+    offenders = _offenders(
+        [m for m in MODULES if _within(m, "stalebound.distributed")],
+        lambda t: not _within(t, *JOB),
+    )
+    assert offenders == {}
