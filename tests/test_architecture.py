@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import itertools
+import re
 import subprocess
 import sys
+import typing
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -347,3 +351,39 @@ def test_the_ray_backend_and_the_job_depend_one_way() -> None:
         lambda t: not _within(t, *JOB),
     )
     assert offenders == {}
+
+
+# -- docs/architecture.md, drawn from the code ------------------------------------------------------
+
+DOC = SRC.parent / "docs" / "architecture.md"
+
+
+def _generator() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "gen_architecture", SRC.parent / "scripts" / "gen_architecture.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_architecture_doc_is_current() -> None:
+    generator = _generator()
+    committed = DOC.read_text(encoding="utf-8")
+    assert generator.render(committed) == committed, (
+        f"docs/architecture.md is out of date; regenerate it with `{generator.COMMAND}`"
+    )
+
+
+def test_the_architecture_doc_draws_every_event_action_and_policy() -> None:
+    from stalebound.core import events
+    from stalebound.runtime.config import RolloutConfig
+
+    text = DOC.read_text(encoding="utf-8")
+    flow = text.split("| event (driver → core) |", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"`(\w+)`", flow))
+    kinds = [*typing.get_args(events.Event), *typing.get_args(events.Action)]
+    assert sorted(k.__name__ for k in kinds if k.__name__ not in named) == []
+    policies = typing.get_args(typing.get_type_hints(RolloutConfig)["staleness_policy"])
+    assert [p for p in policies if f"\n### `{p}`\n" not in text] == []
