@@ -1,0 +1,93 @@
+"""What a user names by ``module:attribute``: reward functions, workflow classes.
+
+``package.module:name`` imports the module the ordinary way (it must be importable: installed, or
+on ``PYTHONPATH``); ``path/to/file.py:name`` loads that file as a module, so a reward written next
+to the data needs no packaging. Every failure is one :class:`ConfigError` naming the setting, what
+went wrong and the fix — never an import traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import re
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from stalebound.core.errors import ConfigError
+
+__all__ = ["load_object"]
+
+
+def _split(spec: str, setting: str) -> tuple[str, str]:
+    module, sep, name = spec.rpartition(":")
+    if not sep or not module or not name.isidentifier():
+        raise ConfigError(
+            f"{setting}={spec!r}: not a 'module:name' reference; write e.g. "
+            f"{setting}=my_package.rewards:score or {setting}=rewards.py:score"
+        )
+    return module, name
+
+
+def _last_line(exc: BaseException) -> str:
+    return traceback.format_exception_only(type(exc), exc)[-1].strip()
+
+
+def _from_file(path: Path, spec: str, setting: str) -> ModuleType:
+    if not path.is_file():
+        raise ConfigError(f"{setting}={spec!r}: no such file {str(path)!r}; check the path")
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    stem = re.sub(r"\W", "_", path.stem)
+    name = f"stalebound_user_{stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise ConfigError(f"{setting}={spec!r}: {str(path)!r} cannot be loaded as Python")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module  # as an import would, so the module's own code can find itself
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise ConfigError(
+            f"{setting}={spec!r}: importing {str(path)!r} failed ({_last_line(e)}); fix the file"
+        ) from None
+    return module
+
+
+def load_object(spec: str, setting: str) -> Any:
+    """The object ``spec`` names (``module:name`` or ``file.py:name``)."""
+    module_name, name = _split(spec, setting)
+    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+        module = _from_file(Path(module_name).expanduser(), spec, setting)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and module_name.startswith(e.name):
+                raise ConfigError(
+                    f"{setting}={spec!r}: no module named {e.name!r}; install it, add its "
+                    "directory to PYTHONPATH, or name a file: path/to/file.py:name"
+                ) from None
+            raise ConfigError(
+                f"{setting}={spec!r}: importing {module_name!r} failed ({_last_line(e)}); "
+                "install what it needs"
+            ) from None
+        except Exception as e:
+            raise ConfigError(
+                f"{setting}={spec!r}: importing {module_name!r} failed ({_last_line(e)}); fix "
+                "the module"
+            ) from None
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        public = sorted(n for n in vars(module) if not n.startswith("_"))[:12]
+        raise ConfigError(
+            f"{setting}={spec!r}: {module_name!r} has no {name!r} (it defines {public}); name "
+            "one of them"
+        ) from None
