@@ -171,9 +171,9 @@ def test_load_samples_jsonl_and_errors(tmp_path: Path) -> None:
     bad.write_text("not json\n")
     with pytest.raises(ConfigError, match="line 1: not JSON"):
         load_samples(bad)
-    bad.write_text('{"question": "ABC", "answer": "x"}\n')
-    with pytest.raises(ConfigError, match=r"outside stalebound\.tasks\.charset\.CHARSET"):
-        load_samples(bad)
+    # any text loads; what a model's tokenizer cannot encode is refused against that tokenizer
+    bad.write_text('{"question": "Natalia sold 48 clips.\\nHow many?", "answer": "72"}\n')
+    assert load_samples(bad)[0].question == "Natalia sold 48 clips.\nHow many?"
     with pytest.raises(ConfigError, match=r"cannot read it \(No such file or directory\)"):
         load_samples(tmp_path / "missing.jsonl")
 

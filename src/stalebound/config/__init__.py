@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal, TypeVar, overload
 
 from stalebound import typedconfig
 from stalebound.core.errors import ConfigError
+from stalebound.data.config import DataConfig
 from stalebound.distributed.config import RayConfig
 from stalebound.engines.config import EngineConfig
 from stalebound.runtime.config import (
@@ -135,6 +136,9 @@ class StaleboundConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     train: TrainSection = field(default_factory=TrainSection)
     task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    """A user's dataset (``data.path``); when set, its rows replace the task's prompts and
+    ``task.reward`` scores the answers (docs/data.md)."""
     run: RunConfig = field(default_factory=RunConfig)
     backend: Literal["local", "ray"] = "local"
     """``local``: engines and trainer in this machine's processes. ``ray``: as Ray actors, on a

@@ -112,7 +112,8 @@ def outcome_event(
     version: Callable[[], int],
 ) -> ev.MemberFinished | ev.MemberFailed:
     """The coordinator's event for an episode that ended by itself: finished with a trajectory,
-    or failed (``rejected`` when it returned ``None``, the cause given, or ``error:<Type>``).
+    or failed (``rejected`` when it returned ``None``, the cause given, the exception's own
+    ``cause`` attribute, or ``error:<Type>``).
     ``version()`` is the generation version now (a relaunch starts at it)."""
     if failure is None:
         if result is not None:
@@ -121,7 +122,9 @@ def outcome_event(
     if isinstance(failure, str):
         return ev.MemberFailed(m.mid, now, failure, version())
     logger.debug("episode %s failed: %r", m.mid, failure, exc_info=failure)
-    cause = f"error:{type(failure).__name__}"
+    # an exception may name its own cause (stalebound.tasks.EpisodeFailed: reward:timeout, ...)
+    named = getattr(failure, "cause", None)
+    cause = named if isinstance(named, str) and named else f"error:{type(failure).__name__}"
     return ev.MemberFailed(m.mid, now, cause, version(), repr(failure))
 
 

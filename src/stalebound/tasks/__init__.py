@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the names below, for the type checker (they load lazily)
         StringsConfig,
         TaskConfig,
     )
+    from stalebound.tasks.dataset import DataTask, DataWorkflow, EpisodeFailed, build_task
     from stalebound.tasks.episode import (
         GenerateFn,
         Generation,
@@ -57,6 +58,9 @@ __all__ = [
     "CalculatorConfig",
     "CalculatorTask",
     "CalculatorWorkflow",
+    "DataTask",
+    "DataWorkflow",
+    "EpisodeFailed",
     "GenerateFn",
     "Generation",
     "LatencyConfig",
@@ -72,6 +76,7 @@ __all__ = [
     "Trajectory",
     "Turn",
     "Workflow",
+    "build_task",
     "builtin_data_path",
     "check_text",
     "decode_text",
@@ -94,6 +99,10 @@ _LAZY = {
     "CalculatorConfig": "config",
     "CalculatorTask": "calculator",
     "CalculatorWorkflow": "calculator",
+    "DataTask": "dataset",
+    "DataWorkflow": "dataset",
+    "EpisodeFailed": "dataset",
+    "build_task": "dataset",
     "GenerateFn": "episode",
     "Generation": "episode",
     "LatencyConfig": "config",

@@ -28,7 +28,7 @@ from stalebound.tasks.charset import check_text
 from stalebound.tasks.config import TaskConfig
 from stalebound.tasks.episode import Sample, TokenizerLike, Trajectory, Turn, Workflow
 from stalebound.tasks.latency import latency_problems, sample_latency
-from stalebound.tasks.workflow import SingleTurnWorkflow
+from stalebound.tasks.workflow import SingleTurnWorkflow, encode_prompt
 from stalebound.userfiles import json_line, label, read_lines
 
 __all__ = [
@@ -99,6 +99,10 @@ class Task(abc.ABC):
         k = draws.get(sample.id, 0)
         draws[sample.id] = k + 1
         return sample_latency(latency, random.Random(f"{self.config.seed}:{sample.id}:reward:{k}"))
+
+    def encode(self, tokenizer: TokenizerLike, sample: Sample) -> list[int]:
+        """The token ids of the first prompt of an episode on ``sample``."""
+        return encode_prompt(tokenizer, self.prompt(sample))
 
     def workflow(self, tokenizer: TokenizerLike) -> Workflow:
         """The episode runner for this task: one model turn by default."""
@@ -265,8 +269,9 @@ def load_samples(path: str | Path) -> list[Sample]:
                     f"one can train on; give every record a non-empty {key} (text or a finite "
                     "number), or remove the record"
                 )
-        question = check_text(str(rec["question"]), what=f"record {i} question")
-        answer = check_text(str(rec["answer"]), what=f"record {i} answer")
+        # any text: what the model's tokenizer cannot encode is refused once it is known
+        # (stalebound.tasks.workflow.vocabulary_problems)
+        question, answer = str(rec["question"]), str(rec["answer"])
         extra = {k: v for k, v in rec.items() if k not in ("id", "question", "answer")}
         samples.append(Sample(str(rec.get("id", i)), question, answer, extra))
     if not samples:

@@ -127,6 +127,19 @@ class TaskConfig:
     )
     """Tokens the model may generate per turn (the end-of-turn token included); a turn that
     reaches it without ending is truncated."""
+    reward: str = "exact"
+    """With ``data.path``: the reward function, ``module:function`` or ``path/to/file.py:function``
+    (called as ``reward(prompt, completion, **columns)``), or a built-in verifier: ``exact``,
+    ``numeric`` (GSM8K's ``#### n`` and ``\\boxed{n}``), ``regex`` (the answer column is the
+    pattern)."""
+    reward_timeout_s: float | None = field(
+        default=60.0, metadata=bounds(gt=0, fix="e.g. 60 seconds, or null to wait forever")
+    )
+    """A reward call that takes longer fails with cause ``reward:timeout`` (the run goes on)."""
+    reward_workers: int = field(
+        default=0, metadata=bounds(ge=0, fix="0 runs the reward in threads; N > 0 in N processes")
+    )
+    """Processes for CPU-heavy synchronous rewards (0: threads of the rollout process)."""
     reward_latency: RewardLatencyConfig = field(default_factory=RewardLatencyConfig)
     """How long each reward takes to arrive (a remote verifier's latency; off by default)."""
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)

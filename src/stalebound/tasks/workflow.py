@@ -43,6 +43,7 @@ __all__ = [
     "encode_text",
     "eos_id",
     "stop_ids",
+    "vocabulary_problems",
 ]
 
 
@@ -97,7 +98,7 @@ def context_problems(
     """
     longest, which = 0, ""
     for sample in samples:
-        n = len(encode_prompt(tokenizer, task.prompt(sample)))
+        n = len(task.encode(tokenizer, sample))
         if n > longest:
             longest, which = n, sample.id
     new = task.config.max_new_tokens
@@ -113,6 +114,33 @@ def context_problems(
         f"task.max_new_tokens={new}: the longest prompt (sample {which!r}, {longest} tokens as "
         f"rendered) plus {new} new tokens exceeds the model's max_position_embeddings="
         f"{max_positions}; {fix}"
+    ]
+
+
+def vocabulary_problems(
+    tokenizer: TokenizerLike, samples: Sequence[Sample], *, limit: int = 10_000
+) -> list[str]:
+    """A problem for the characters of the samples' questions and answers that the tokenizer
+    encodes as its unknown token (the built-in character tokenizer knows printable ASCII and the
+    newline; byte-level BPE tokenizers know every character). Checks the first ``limit``."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return []
+    seen: set[str] = set()
+    bad: dict[str, str] = {}
+    for sample in samples[:limit]:
+        for ch in set(sample.question + sample.answer) - seen:
+            seen.add(ch)
+            if unk in tokenizer.encode(ch, add_special_tokens=False):
+                bad.setdefault(ch, sample.id)
+    if not bad:
+        return []
+    chars = sorted(bad)
+    return [
+        f"tokenizer: the characters {chars[:20]!r} (first in sample {bad[chars[0]]!r}) are not "
+        "in the model's vocabulary and would be trained as the unknown token; use a model whose "
+        "tokenizer covers the data (engine.model_path), or rewrite the data in the characters "
+        "it knows"
     ]
 
 

@@ -21,6 +21,7 @@ __all__ = ["Progress", "SavedJob", "resume_settings"]
 _RESUME_KEYS = (
     "seed",
     "task",
+    "data",
     "rollout.staleness_policy",
     "rollout.staleness",
     "rollout.consumer_batch_size",

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from stalebound.config import (
     TRAIN_RECIPE,
@@ -34,9 +35,10 @@ from stalebound.engines.models import (
     load_tokenizer,
 )
 from stalebound.runtime.config import STALENESS_ALIASES
-from stalebound.tasks.base import Task, make_task
+from stalebound.tasks.base import Task
+from stalebound.tasks.dataset import build_task
 from stalebound.tasks.episode import Sample
-from stalebound.tasks.workflow import context_problems
+from stalebound.tasks.workflow import context_problems, vocabulary_problems
 from stalebound.train.checkpoint import (
     CHECKPOINTS,
     Checkpoint,
@@ -119,16 +121,18 @@ def preflight(cfg: StaleboundConfig) -> Plan:
         run_dir = default_run_dir()
     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(run_dir)))
     # the task's own checks (and its prompt file) before the run directory is touched
-    task = make_task(cfg.task)
+    task = build_task(cfg)
     samples = list(task.samples())
     check_run_paths(cfg, run_dir, resuming=resume is not None)
-    # the checkpoint's own limits (context length, chat template) against the task's prompts
+    # the checkpoint's own vocabulary and limits (context length, chat template) against the
+    # task's prompts
     base_dir = resume.path if resume is not None else base_model_dir(cfg)
-    too_long = context_problems(
-        task, load_tokenizer(base_dir), samples, checkpoint_info(base_dir).max_positions
+    tokenizer = load_tokenizer(base_dir)
+    problems = vocabulary_problems(tokenizer, samples) or context_problems(
+        task, tokenizer, samples, checkpoint_info(base_dir).max_positions
     )
-    if too_long:
-        raise ConfigError(too_long)
+    if problems:
+        raise ConfigError(problems)
     return Plan(cfg, run_dir, task, samples, base_dir, resume, saved, restart)
 
 
@@ -138,7 +142,13 @@ def check_resume_settings(cfg: StaleboundConfig, resume: Checkpoint, saved: Save
     now = resume_settings(cfg)
     # checkpoints written before the bound had one name store it under AReaL's
     then = {STALENESS_ALIASES.get(k, k): v for k, v in saved.settings.items()}
-    changed = [f"{k}: {then.get(k)!r} → {now[k]!r}" for k in now if then.get(k) != now[k]]
+    # a setting added since the checkpoint was written counts as unchanged at its default
+    default = resume_settings(StaleboundConfig())
+    changed = [
+        f"{k}: {then.get(k)!r} → {now[k]!r}"
+        for k in now
+        if _differs(then.get(k, _ABSENT), now[k], default[k])
+    ]
     if changed:
         raise ConfigError(
             f"resume={cfg.run.resume!r}: the checkpoint was written with other settings "
@@ -151,6 +161,19 @@ def check_resume_settings(cfg: StaleboundConfig, resume: Checkpoint, saved: Save
             f"({resume.path}); give run.steps={resume.step} or more to continue it, or "
             "resume from an earlier checkpoint"
         )
+
+
+_ABSENT = object()
+
+
+def _differs(saved: Any, now: Any, default: Any) -> bool:
+    """Whether a resumed run changes a setting: what the checkpoint lacks (a setting added
+    since) is compared with its default."""
+    if saved is _ABSENT:
+        return bool(now != default)
+    if isinstance(saved, dict) and isinstance(now, dict) and isinstance(default, dict):
+        return any(_differs(saved.get(k, _ABSENT), v, default.get(k)) for k, v in now.items())
+    return bool(saved != now)
 
 
 def check_run_paths(cfg: StaleboundConfig, run_dir: Path, *, resuming: bool) -> None:

@@ -676,6 +676,7 @@ def executor_metrics(es: ExecutorStatistics) -> dict[str, float]:
         "deadline_groups": float(es.deadline_groups),
         "overdue_groups": float(es.overdue_groups),
         "stuck_seconds": es.stuck_seconds,
+        **{f"failed_members/{cause}": float(n) for cause, n in es.member_failures.items()},
     }
 
 

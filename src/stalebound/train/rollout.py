@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from stalebound.tasks.base import Sample, Task, Trajectory
+from stalebound.tasks.dataset import EpisodeFailed
 from stalebound.tasks.workflow import (
     SingleTurnWorkflow,
     TokenizerLike,
@@ -127,15 +128,28 @@ def rollout_groups(
     *,
     temperature: float = 1.0,
     version: int = 0,
+    failed: list[str] | None = None,
 ) -> list[list[Trajectory]]:
     """``group_size`` sampled trajectories per sample, as groups (what a synchronous RL step
-    trains on). Single-turn tasks are sampled in one batch; others run their workflow."""
+    trains on). Single-turn tasks are sampled in one batch; others run their workflow. With
+    ``failed``, an episode that fails on its own (:class:`~stalebound.tasks.EpisodeFailed`) is
+    left out of its group and its cause appended there."""
     workflow = task.workflow(tokenizer)
     if not isinstance(workflow, SingleTurnWorkflow):
         gen = LocalGenerateFn(model, temperature=temperature, version=version)
 
+        async def one(s: Sample) -> Trajectory | None:
+            try:
+                return await workflow.run(gen, s)
+            except EpisodeFailed as e:  # a user's reward failed: counted, not fatal
+                if failed is None:
+                    raise
+                failed.append(e.cause)
+                return None
+
         async def run_all() -> list[list[Trajectory]]:
-            return [[await workflow.run(gen, s) for _ in range(group_size)] for s in samples]
+            groups = [[await one(s) for _ in range(group_size)] for s in samples]
+            return [[t for t in g if t is not None] for g in groups]
 
         return asyncio.run(run_all())
     eos = eos_id(tokenizer)
@@ -185,12 +199,17 @@ def evaluate(
     *,
     temperature: float = 0.0,
 ) -> dict[str, float]:
-    """Mean ``score`` and ``acc`` of ``model`` on ``samples`` (greedy by default)."""
-    groups = rollout_groups(model, tokenizer, task, samples, 1, temperature=temperature)
-    trajs = [g[0] for g in groups]
-    n = len(trajs)
+    """Mean ``score`` and ``acc`` of ``model`` on ``samples`` (greedy by default); an episode
+    whose reward failed counts 0 and is counted in ``failed``."""
+    failed: list[str] = []
+    groups = rollout_groups(
+        model, tokenizer, task, samples, 1, temperature=temperature, failed=failed
+    )
+    trajs = [t for g in groups for t in g]
+    n = len(trajs) + len(failed)
     return {
         "score": sum(t.metrics["score"] for t in trajs) / n,
         "acc": sum(t.metrics["acc"] for t in trajs) / n,
-        "response_length": sum(len(t.output_ids) for t in trajs) / n,
+        "response_length": sum(len(t.output_ids) for t in trajs) / max(len(trajs), 1),
+        "failed": float(len(failed)),
     }

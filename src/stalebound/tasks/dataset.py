@@ -1,0 +1,183 @@
+"""A user's data and reward as a task: rows in, the user's reward function out.
+
+:class:`DataTask` turns the rows of ``data.path`` into samples and scores answers with the
+function ``task.reward`` names (a built-in verifier by default: ``exact``). Its workflow renders a
+prompt through the tokenizer's chat template when the row is a conversation or a system prompt is
+set, generates one model turn, and awaits the reward. A reward that fails (raises, outlives
+``task.reward_timeout_s``, returns None, NaN or no number) ends the episode as failed with the
+cause ``reward:<why>``, counted per cause like every other failure; the run goes on.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from stalebound.core.errors import ConfigError
+from stalebound.data import DataConfig, Message, Row, RowStream
+from stalebound.rewards import RewardFunction
+from stalebound.tasks.base import Task, make_task
+from stalebound.tasks.config import TaskConfig
+from stalebound.tasks.episode import GenerateFn, Sample, TokenizerLike, Trajectory, Turn
+from stalebound.tasks.workflow import decode_text, encode_prompt, encode_text, stop_ids
+
+__all__ = ["DataTask", "DataWorkflow", "EpisodeFailed", "build_task", "encode_messages"]
+
+
+class EpisodeFailed(Exception):
+    """An episode that ended without a usable trajectory; ``cause`` is how it is counted."""
+
+    def __init__(self, cause: str, detail: str = "") -> None:
+        super().__init__(f"{cause}: {detail}" if detail else cause)
+        self.cause = cause
+
+
+def encode_messages(
+    tokenizer: TokenizerLike, messages: Sequence[Message], *, plain: str | None = None
+) -> list[int]:
+    """A conversation's token ids, rendered by the tokenizer's chat template with the generation
+    prompt appended. ``plain`` is the text to use when the tokenizer has no template (a single
+    user turn with no system prompt); a conversation needs a template."""
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": m.role, "content": m.content} for m in messages],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        return encode_text(tokenizer, str(rendered))
+    if plain is None:
+        raise ConfigError(
+            "data.messages_key / data.system_prompt: the tokenizer has no chat template to "
+            "render a conversation with; use a checkpoint whose tokenizer has one "
+            "(tokenizer_config.json's chat_template), or plain text prompts without a system "
+            "prompt"
+        )
+    return encode_prompt(tokenizer, plain)
+
+
+def _sample(row: Row) -> Sample:
+    """A row as a :class:`Sample` holding plain data only (samples go into checkpoints)."""
+    prompt: str | list[dict[str, str]]
+    if isinstance(row.prompt, str):
+        question, prompt = row.prompt, row.prompt
+    else:  # what a person reads as the question: the last user turn
+        question = next(m.content for m in reversed(row.prompt) if m.role == "user")
+        prompt = [{"role": m.role, "content": m.content} for m in row.prompt]
+    columns = dict(row.columns)
+    if row.answer is not None:
+        columns["answer"] = row.answer
+    return Sample(row.id, question, row.answer or "", {"prompt": prompt, "columns": columns})
+
+
+def _messages(sample: Sample, system: str | None) -> tuple[Message, ...]:
+    prompt = sample.data["prompt"]
+    turns = (
+        (Message("user", prompt),)
+        if isinstance(prompt, str)
+        else tuple(Message(m["role"], m["content"]) for m in prompt)
+    )
+    if system and turns[0].role != "system":
+        turns = (Message("system", system), *turns)
+    return turns
+
+
+class DataTask(Task):
+    """The rows of ``data`` scored by ``config.reward`` (see the module docstring)."""
+
+    name = "data"
+
+    def __init__(self, config: TaskConfig, data: DataConfig, *, seed: int = 0) -> None:
+        super().__init__(config)
+        self.data = data
+        self.seed = seed
+        self.stream = RowStream(data, seed=seed)
+        self.stream.check()
+        first = self.stream.head(1)
+        columns = ["answer", *first[0].columns] if first else None
+        self.reward_fn = RewardFunction(
+            config.reward,
+            timeout_s=config.reward_timeout_s,
+            workers=config.reward_workers,
+            columns=columns,
+        )
+
+    def samples(self) -> list[Sample]:
+        return [_sample(row) for row in self.stream.head(2**62)]
+
+    def generate(self, rng: random.Random, index: int) -> Sample:
+        raise ConfigError(
+            "task.num_prompts: a dataset's task does not generate samples; its rows come from "
+            "data.path"
+        )
+
+    def prompt(self, sample: Sample) -> str:
+        return sample.question
+
+    def demonstration(self, sample: Sample) -> tuple[Turn, ...]:
+        if not sample.answer:
+            raise ConfigError(
+                "train.warm_start_steps: a supervised warm start trains on the reference "
+                "answers, and data.answer_key names none; set train.warm_start_steps=0"
+            )
+        return (Turn(sample.answer),)
+
+    def reward(self, sample: Sample, response: str) -> float:
+        raise NotImplementedError("a dataset's reward is awaited: DataWorkflow calls it")
+
+    def workflow(self, tokenizer: TokenizerLike) -> DataWorkflow:
+        return DataWorkflow(self, tokenizer)
+
+    def encode(self, tokenizer: TokenizerLike, sample: Sample) -> list[int]:
+        """The prompt's token ids (the chat template when the row needs it)."""
+        prompt, system = sample.data["prompt"], self.data.system_prompt
+        if isinstance(prompt, str) and not system:
+            return encode_prompt(tokenizer, prompt)
+        return encode_messages(tokenizer, _messages(sample, system))
+
+
+class DataWorkflow:
+    """Prompt → one model turn → the user's reward (awaited)."""
+
+    def __init__(self, task: DataTask, tokenizer: TokenizerLike) -> None:
+        self.task = task
+        self.tokenizer = tokenizer
+        self.stops = stop_ids(tokenizer)
+
+    async def run(self, generate: GenerateFn, sample: Sample) -> Trajectory:
+        prompt_ids = self.task.encode(self.tokenizer, sample)
+        gen = await generate(prompt_ids, self.task.config.max_new_tokens, self.stops)
+        truncated = gen.finish_reason != "stop"
+        response = decode_text(self.tokenizer, gen.output_ids)
+        outcome = await self.task.reward_fn.score(
+            sample.data["prompt"], response, sample.data["columns"]
+        )
+        if outcome.reward is None:
+            raise EpisodeFailed(f"reward:{outcome.failure}", outcome.detail)
+        reward = 0.0 if truncated else outcome.reward
+        metrics = {
+            "score": reward,
+            "acc": 1.0 if reward >= 1.0 else 0.0,
+            "seq_reward": reward,
+            "seq_final_reward": reward,
+            **{f"reward/{k}": v for k, v in outcome.metrics.items()},
+        }
+        return Trajectory(
+            prompt_ids=prompt_ids,
+            output_ids=list(gen.output_ids),
+            behaviour_logprobs=[float(x) for x in gen.output_logprobs],
+            versions=[int(v) for v in gen.output_versions],
+            reward=reward,
+            truncated=truncated,
+            sample_id=sample.id,
+            response=response,
+            metrics=metrics,
+        )
+
+
+def build_task(cfg: Any) -> Task:
+    """The run's task: a :class:`DataTask` over ``cfg.data`` when ``data.path`` is set, else the
+    registered task ``cfg.task.name``. (``cfg`` is a :class:`~stalebound.config.StaleboundConfig`.)"""
+    if cfg.data.path is not None:
+        return DataTask(cfg.task, cfg.data, seed=cfg.seed)
+    return make_task(cfg.task)
