@@ -18,7 +18,7 @@ import abc
 import importlib
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -117,6 +117,17 @@ class Task(abc.ABC):
         if path == "builtin":
             return load_samples(builtin_data_path(self.name))
         return load_samples(path)
+
+    def data_plan(
+        self, samples: list[Sample], eval_prompts: int, rng: random.Random
+    ) -> tuple[list[Sample], Iterable[Sample]]:
+        """The evaluation prompts and the training data loader: ``eval_prompts`` samples drawn
+        with ``rng``, and all of ``samples`` in an order shuffled with it (the executor cycles the
+        loader, epoch after epoch)."""
+        eval_set = rng.sample(samples, min(eval_prompts, len(samples)))
+        order = list(samples)
+        rng.shuffle(order)
+        return eval_set, order
 
     def generate_samples(self, n: int, seed: int) -> list[Sample]:
         """``n`` samples drawn from ``random.Random(seed)``; the same seed gives the same list."""

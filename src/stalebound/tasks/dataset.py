@@ -11,11 +11,11 @@ cause ``reward:<why>``, counted per cause like every other failure; the run goes
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from stalebound.core.errors import ConfigError
-from stalebound.data import DataConfig, Message, Row, RowStream
+from stalebound.data import DataConfig, DataPosition, Message, Row, RowStream
 from stalebound.rewards import RewardFunction
 from stalebound.tasks.base import Task, make_task
 from stalebound.tasks.config import TaskConfig
@@ -103,7 +103,23 @@ class DataTask(Task):
         )
 
     def samples(self) -> list[Sample]:
-        return [_sample(row) for row in self.stream.head(2**62)]
+        """The first ``data.check_rows`` rows (what is checked before the run, and what a
+        supervised warm start draws from); training streams the whole data (:meth:`data_plan`)."""
+        return [_sample(row) for row in self.stream.head(self.data.check_rows)]
+
+    def data_plan(
+        self, samples: list[Sample], eval_prompts: int, rng: random.Random
+    ) -> tuple[list[Sample], Iterable[Sample]]:
+        """Evaluation on the held-out rows (``data.eval_path`` or ``data.eval_fraction``), else on
+        ``eval_prompts`` of the first rows; training on every row of ``data.path``, streamed,
+        shuffled anew each epoch with the run's seed."""
+        if self.data.eval_path is not None or self.data.eval_fraction > 0:
+            n = min(eval_prompts, self.data.eval_rows)
+            held = RowStream(self.data, seed=self.seed, split="eval")
+            eval_set = [_sample(row) for row in held.head(n)]
+        else:
+            eval_set = rng.sample(samples, min(eval_prompts, len(samples)))
+        return eval_set, _Epochs(self.data, self.seed)
 
     def generate(self, rng: random.Random, index: int) -> Sample:
         raise ConfigError(
@@ -134,6 +150,29 @@ class DataTask(Task):
         if isinstance(prompt, str) and not system:
             return encode_prompt(tokenizer, prompt)
         return encode_messages(tokenizer, _messages(sample, system))
+
+
+class _Epochs:
+    """The training rows as samples, one epoch per pass (each pass shuffled with the next
+    epoch's seed), for the executor's loader: a resumed run draws again from the first pass and
+    skips what was drawn, which gives the same rows in the same order."""
+
+    def __init__(self, data: DataConfig, seed: int) -> None:
+        self.data = data
+        self.seed = seed
+        self.passes = 0
+
+    def __iter__(self) -> Iterator[Sample]:
+        stream = RowStream(self.data, seed=self.seed)
+        stream.seek(DataPosition(self.passes, 0))
+        self.passes += 1
+        for row in stream:
+            if stream.position.epoch != self.passes - 1:
+                return
+            yield _sample(row)
+
+    def __repr__(self) -> str:
+        return f"data.path={self.data.path!r}"
 
 
 class DataWorkflow:

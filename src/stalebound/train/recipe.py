@@ -230,10 +230,9 @@ class TrainRecipe:
         cfg, console, run_dir, resume = self.cfg, self.console, self.run_dir, self.resume
 
         # 1-2. the policy, warm-started (or the checkpoint's)
-        rng = random.Random(cfg.seed)
-        self.eval_set = rng.sample(self.samples, min(cfg.run.eval_prompts, len(self.samples)))
-        self.order = list(self.samples)
-        rng.shuffle(self.order)
+        self.eval_set, self.order = self.task.data_plan(
+            self.samples, cfg.run.eval_prompts, random.Random(cfg.seed)
+        )
         policy_dir = self.plan.base_dir
         try:
             self.model = load_model(policy_dir, device=train_device)
