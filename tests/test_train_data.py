@@ -89,3 +89,33 @@ def test_the_issue_line_is_not_refused_for_a_bpe_model(llama_dir: Path, tmp_path
         ]
     )
     assert code == 0
+
+
+@pytest.mark.parametrize("data", ["problems.jsonl", "chat.jsonl"])
+def test_the_word_problems_example_trains_as_its_readme_says(
+    llama_dir: Path, tmp_path: Path, data: str
+) -> None:
+    example = Path(__file__).parents[1] / "examples" / "word_problems"
+    chat = ["data.messages_key=messages"] if data == "chat.jsonl" else []
+    run = tmp_path / "run"
+    code = main(
+        [
+            "train",
+            str(example / "config.yaml"),
+            f"engine.model_path={llama_dir}",
+            f"data.path={example / data}",
+            f"task.reward={example / 'rewards.py'}:score",
+            *chat,
+            "run.steps=3",
+            "run.live=false",
+            "run.plots=false",
+            "run.tensorboard=false",
+            f"run.run_dir={run}",
+        ]
+    )
+    assert code == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["traj_staleness_max"] <= 4 for r in records)
+    # the reward's extra metric is logged beside the reward, as a batch mean
+    assert all(0.0 <= r["reward/stated_number"] <= 1.0 for r in records)

@@ -33,7 +33,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -490,6 +490,7 @@ class TrainRecipe:
                 checkpoint_s=checkpoint_s,
                 engine_idle_fraction=engine.idle_fraction(),
                 **executor_metrics(es),
+                **reward_metrics(t.data for t in batch),
             )
             logger.log_step(metrics, version=self.trainer.version, staleness=staleness)
             where.step = step
@@ -677,6 +678,18 @@ def executor_metrics(es: ExecutorStatistics) -> dict[str, float]:
         "stuck_seconds": es.stuck_seconds,
         **{f"failed_members/{cause}": float(n) for cause, n in es.member_failures.items()},
     }
+
+
+def reward_metrics(trajectories: Iterable[Any]) -> dict[str, float]:
+    """The batch's mean of every extra metric a reward function returned (``reward/<name>``)."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for t in trajectories:
+        for k, v in t.metrics.items():
+            if k.startswith("reward/"):
+                sums[k] = sums.get(k, 0.0) + v
+                counts[k] = counts.get(k, 0) + 1
+    return {k: sums[k] / counts[k] for k in sorted(sums)}
 
 
 def head_rows(policy: StalenessPolicy) -> tuple[int, list[BufferRow]]:
