@@ -28,6 +28,7 @@ from stalebound.tasks.base import Sample, Trajectory  # noqa: E402
 from stalebound.train import checkpoint as ck  # noqa: E402
 from stalebound.train import statejson  # noqa: E402
 from stalebound.train.runlock import RunLock  # noqa: E402
+from train_helpers import CodeOnUnpickle, resign  # noqa: E402
 
 
 def _trajectory(reward: float = 1.0) -> Trajectory:
@@ -137,15 +138,6 @@ def test_a_library_error_on_a_full_disk_is_named_for_what_it_is(
         assert f"a checkpoint takes {need}" in message
 
 
-def _resign(checkpoint: Path) -> None:
-    """What someone crafting a checkpoint does: fix up the manifest's sizes and digests."""
-    manifest = json.loads((checkpoint / "manifest.json").read_text())
-    for rel, meta in manifest["files"].items():
-        meta["bytes"] = (checkpoint / rel).stat().st_size
-        meta["sha256"] = ck._digest(checkpoint / rel)
-    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
-
-
 def test_a_checkpoint_is_read_back_as_data(tmp_path: Path) -> None:
     path = _write(tmp_path, 4)
     assert (path / "rollout_state.json").is_file() and not list(path.glob("*.pkl"))
@@ -160,13 +152,8 @@ def test_a_crafted_trainer_state_is_refused_and_runs_nothing(tmp_path: Path) -> 
     _write(tmp_path, 2)
     newest = _write(tmp_path, 4)
     marker = tmp_path / "ran"
-
-    class Payload:
-        def __reduce__(self) -> tuple[Any, ...]:
-            return (os.system, (f"touch {marker}",))
-
-    torch.save({"optimizer": Payload(), "version": 4}, newest / "trainer_state.pt")
-    _resign(newest)
+    torch.save({"optimizer": CodeOnUnpickle(marker), "version": 4}, newest / "trainer_state.pt")
+    resign(newest)
     with pytest.raises(ck.CheckpointError) as caught:
         ck.open_checkpoint(tmp_path).trainer_state()
     assert not marker.exists()
@@ -192,7 +179,7 @@ def test_junk_under_a_re_signed_manifest_names_the_file_and_the_way_out(
     _write(tmp_path, 2)
     newest = _write(tmp_path, 4)
     (newest / name).write_bytes(junk)
-    _resign(newest)
+    resign(newest)
     found = ck.open_checkpoint(tmp_path)
     read = {
         "trainer_state.pt": found.trainer_state,
@@ -297,3 +284,252 @@ def test_one_process_at_a_time_holds_a_run_directory(tmp_path: Path) -> None:
     with RunLock(tmp_path):
         assert (tmp_path / ".lock").read_text().strip() == str(os.getpid())
     assert (tmp_path / ".lock").read_text() == ""
+
+
+# ------------------------------------------------------------------ a checkpoint verified whole
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
+    """The default policy and its tokenizer, with an AdamW state of one step over it."""
+    from stalebound.engines.models import build_default_model, load_model, load_tokenizer
+
+    path = build_default_model(tmp_path_factory.mktemp("policy"))
+    model, tokenizer = load_model(path), load_tokenizer(path)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(input_ids=torch.tensor([[1, 5, 6]]), labels=torch.tensor([[1, 5, 6]])).loss.backward()
+    optimizer.step()
+    return model, tokenizer, optimizer.state_dict()
+
+
+def _rollout_config() -> Any:
+    from stalebound.config import RolloutConfig
+
+    return RolloutConfig(consumer_batch_size=2, group_size=2, staleness=1)
+
+
+def _executor_state(version: int) -> dict[str, Any]:
+    """A real executor's state (one that has taken nothing in yet), at ``version``."""
+    from scripted import ScriptedEngine
+    from stalebound.runtime import WorkflowExecutor
+
+    engine = ScriptedEngine(auto=True, version=version)
+    with WorkflowExecutor(_rollout_config(), engine).initialize() as ex:
+        return ex.state_dict()
+
+
+def _real(run_dir: Path, step: int, policy: tuple[Any, Any, Any]) -> Path:
+    model, tokenizer, optimizer = policy
+
+    def save_model(directory: Path) -> None:
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+
+    return _write(
+        run_dir,
+        step,
+        save_model=save_model,
+        trainer_state={
+            "optimizer": optimizer,
+            "version": step,
+            "rng": {"torch": torch.get_rng_state(), "python": __import__("random").getstate()},
+        },
+        rollout_state=_executor_state(step),
+    )
+
+
+def _verify(run_dir: Path | str) -> Any:
+    from stalebound.train.verify import verify_checkpoint
+
+    return verify_checkpoint(ck.open_checkpoint(run_dir), _rollout_config())
+
+
+def _state_with(checkpoint: Path, change: Any) -> None:
+    state = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
+    change(state)
+    torch.save(state, checkpoint / "trainer_state.pt")
+
+
+def _unlist(checkpoint: Path, name: str) -> None:
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    del manifest["files"][name]
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _listed_too(checkpoint: Path, name: str) -> None:
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["files"][name] = {}
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    resign(checkpoint)
+
+
+def _truncate(path: Path, size: int) -> None:
+    path.write_bytes(path.read_bytes()[:size])
+
+
+# (damage, what it does to the newest checkpoint, the file named, the start of why; re-signed)
+DAMAGES: list[tuple[str, Any, str, str, bool]] = [
+    (
+        "junk trainer state",
+        lambda c, m: (c / "trainer_state.pt").write_bytes(b"junk" * 9),
+        "trainer_state.pt",
+        "not a trainer state this stalebound reads (",
+        True,
+    ),
+    (
+        "code in the trainer state",
+        lambda c, m: torch.save({"a": CodeOnUnpickle(m)}, c / "trainer_state.pt"),
+        "trainer_state.pt",
+        "holds objects other than tensors and plain values",
+        True,
+    ),
+    (
+        "optimizer of another model",
+        lambda c, m: _state_with(
+            c, lambda s: s["optimizer"]["state"][0].update(exp_avg=torch.zeros(3))
+        ),
+        "trainer_state.pt",
+        "does not fit the checkpoint's model: the optimizer's exp_avg of "
+        "parameter 0 has shape (3,)",
+        True,
+    ),
+    (
+        "an optimizer of fewer parameters",
+        lambda c, m: _state_with(
+            c, lambda s: s["optimizer"]["param_groups"][0].update(params=[0, 1])
+        ),
+        "trainer_state.pt",
+        "does not fit the checkpoint's model: the optimizer holds 2 parameters",
+        True,
+    ),
+    (
+        "a Python RNG state that is not one",
+        lambda c, m: _state_with(c, lambda s: s["rng"].update(python=(3, (1, 2), None))),
+        "trainer_state.pt",
+        "does not fit the checkpoint's model: its Python RNG state",
+        True,
+    ),
+    (
+        "a pickle as the rollout state",
+        lambda c, m: (c / "rollout_state.json").write_bytes(
+            __import__("pickle").dumps({"a": CodeOnUnpickle(m)})
+        ),
+        "rollout_state.json",
+        "not valid JSON",
+        True,
+    ),
+    (
+        "100,000-deep JSON",
+        lambda c, m: (c / "rollout_state.json").write_text("[" * 100_000 + "]" * 100_000),
+        "rollout_state.json",
+        "not valid JSON (it nests 100000 deep, more than the 100",
+        True,
+    ),
+    (
+        "a $type tag of a function",
+        lambda c, m: (c / "rollout_state.json").write_text(
+            json.dumps({"a": {"$type": "os.system", "fields": {}}})
+        ),
+        "rollout_state.json",
+        "not an executor state: rollout state['a']: 'os.system' is not",
+        True,
+    ),
+    (
+        "an executor state of another run",
+        lambda c, m: (c / "rollout_state.json").write_text(
+            (c / "rollout_state.json").read_text().replace('"batch_size": 2', '"batch_size": "x"')
+        ),
+        "rollout_state.json",
+        "not an executor state (",
+        True,
+    ),
+    (
+        "truncated weights, re-signed",
+        lambda c, m: _truncate(c / "model.safetensors", 5000),
+        "model.safetensors",
+        "not a safetensors file this stalebound reads (SafetensorError",
+        True,
+    ),
+    (
+        "truncated weights, unlisted",
+        lambda c, m: (_truncate(c / "model.safetensors", 5000), _unlist(c, "model.safetensors")),
+        "model.safetensors",
+        "not listed in manifest.json",
+        False,
+    ),
+    (
+        "weights of another model",
+        lambda c, m: (c / "config.json").write_text(
+            (c / "config.json").read_text().replace('"hidden_size": 128', '"hidden_size": 64')
+        ),
+        "model.safetensors",
+        "does not hold the weights of the model in config.json (tensors of another shape",
+        True,
+    ),
+    (
+        "a pickled weight file",
+        lambda c, m: torch.save({"w": CodeOnUnpickle(m)}, c / "pytorch_model.bin"),
+        "pytorch_model.bin",
+        "a .bin file in a checkpoint, which this stalebound never writes",
+        False,
+    ),
+    (
+        "a pickled weight file, listed",
+        lambda c, m: (
+            torch.save({"w": CodeOnUnpickle(m)}, c / "pytorch_model.bin"),
+            _listed_too(c, "pytorch_model.bin"),
+        ),
+        "pytorch_model.bin",
+        "a .bin file in a checkpoint",
+        False,
+    ),
+    (
+        "an unlisted file",
+        lambda c, m: (c / "notes.txt").write_text("hi"),
+        "notes.txt",
+        "not listed in manifest.json, so it is not verified",
+        False,
+    ),
+    (
+        "a tokenizer that does not load",
+        lambda c, m: (c / "tokenizer.json").write_text("{}"),
+        "",
+        "its tokenizer does not load (",
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("spoil", "name", "why", "re_signed"), [d[1:] for d in DAMAGES], ids=[d[0] for d in DAMAGES]
+)
+def test_a_checkpoint_is_read_whole_and_a_damaged_one_refused_naming_the_file(
+    tmp_path: Path, policy: Any, spoil: Any, name: str, why: str, re_signed: bool
+) -> None:
+    earlier = _real(tmp_path, 2, policy)
+    newest = _real(tmp_path, 4, policy)
+    verified = _verify(tmp_path)  # intact: every file reads as what it should hold
+    assert verified.checkpoint.step == 4 and verified.trainer_state["version"] == 4
+    marker = tmp_path / "ran"
+    spoil(newest, marker)
+    if re_signed:
+        resign(newest)
+    with pytest.raises(ck.CheckpointError) as caught:
+        _verify(tmp_path)
+    text = str(caught.value)
+    assert text.startswith(f"{newest / name}: {why}" if name else f"{newest}: {why}"), text
+    assert text.endswith(f"; resume from an earlier checkpoint instead, e.g. resume={earlier}")
+    assert text.count("instead") == 1 and "\n" not in text, text
+    assert not marker.exists(), "something in the checkpoint ran"
+
+
+def test_an_older_checkpoint_that_is_damaged_names_the_newer_one(
+    tmp_path: Path, policy: Any
+) -> None:
+    older = _real(tmp_path, 2, policy)
+    newest = _real(tmp_path, 4, policy)
+    (older / "trainer_state.pt").write_bytes(b"junk")
+    resign(older)
+    with pytest.raises(ck.CheckpointError) as caught:
+        _verify(older)
+    assert str(caught.value).endswith(f"; resume from another checkpoint instead: resume={newest}")

@@ -9,6 +9,7 @@ still pending at the end, with the data it was drawn with.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import random
 import threading
@@ -154,3 +155,34 @@ def test_load_state_dict_refuses_a_foreign_or_late_state() -> None:
     finally:
         ex.destroy()
         other.destroy()
+
+
+@pytest.mark.parametrize("policy", ["buffer", "capacity"])
+def test_a_saved_state_is_checked_by_restoring_it_into_a_throwaway_coordinator(
+    policy: str,
+) -> None:
+    # what a resume checks before it writes anything: the state loads into the settings' own
+    # coordinator, with no executor (no thread, no engine) involved
+    from stalebound.runtime.checkpoint import check_state
+
+    rng = random.Random(0)
+    ex, engine = start(policy, 0)
+    try:
+        for _ in range(3):
+            step(ex, engine, rng, Ledger())
+        quiesce(ex, engine)
+        state = pickle.loads(pickle.dumps(ex.state_dict()))
+    finally:
+        ex.destroy()
+    assert state["running_groups"]
+    config = ex.config
+    saved = check_state(state, config, state["version"])
+    assert saved.running == state["running_groups"] and saved.next_sample == state["next_sample"]
+
+    damaged = pickle.loads(pickle.dumps(state))
+    damaged["policy_state"]["admitted"] = "many"
+    with pytest.raises(ProtocolError, match=r"damaged"):
+        check_state(damaged, config, state["version"])
+    other = "capacity" if policy == "buffer" else "buffer"
+    with pytest.raises(ProtocolError, match=rf"written under rollout.staleness_policy='{policy}'"):
+        check_state(state, dataclasses.replace(config, staleness_policy=other), state["version"])

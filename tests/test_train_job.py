@@ -247,6 +247,74 @@ def test_resuming_to_fewer_steps_than_done_is_refused_before_anything_is_written
     assert {p: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "problem"),
+    [
+        (
+            "metrics.jsonl",
+            lambda ls: ls[:7] + ls[6:],
+            "metrics.jsonl: step 7 is there twice (lines 7 and 8)",
+        ),
+        ("staleness.jsonl", lambda ls: ls[:11] + ls[12:], "staleness.jsonl: step 12 is missing"),
+        (
+            "ledger.jsonl",
+            lambda ls: [*ls[:3], ls[4], ls[3], *ls[5:]],
+            "ledger.jsonl line 5: step 4 comes after step 5",
+        ),
+        ("buffers.jsonl", lambda ls: [*ls[:2], ls[1], *ls[2:]], "buffers.jsonl line 3: wall_time"),
+    ],
+    ids=["a step twice", "a step missing", "steps out of order", "a sample twice"],
+)
+def test_a_damaged_record_is_reported_by_the_audit_and_refused_by_a_resume(
+    run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    damage: Any,
+    problem: str,
+) -> None:
+    import shutil
+
+    bad = tmp_path / "run"
+    shutil.copytree(run, bad)
+    lines = (bad / name).read_text().splitlines(keepends=True)
+    (bad / name).write_text("".join(damage(lines)))
+    assert main(["audit", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "each accounted for exactly once; the records are damaged: " in out, out
+    assert problem in out, out
+    before = _tree(bad)
+    assert main(["train", f"resume={bad}", "run.steps=42", "run.live=false"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"stalebound train: resume='{bad}': the run's records up to step 40 are damaged ("
+    ), err
+    assert problem in err and err.count("\n") == 1, err
+    assert _tree(bad) == before
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["train.warm_start_steps=3", "train.warm_start_lr=0.1", "engine.model_path={run}/policy-v0"],
+)
+def test_a_setting_a_resumed_run_would_ignore_is_refused(
+    run: Path, capsys: pytest.CaptureFixture[str], setting: str
+) -> None:
+    before = _tree(run)
+    setting = setting.format(run=run)
+    assert main(["train", f"resume={run}", setting, "run.live=false"]) == 2
+    err = capsys.readouterr().err
+    key = setting.split("=")[0]
+    assert err.startswith(f"stalebound train: {key}=") and err.count("\n") == 1, err
+    assert ": a resumed run ignores it (" in err, err
+    assert "drop it (the run's own is " in err
+    assert _tree(run) == before
+
+
 def test_a_run_directory_in_use_is_refused_naming_the_process(
     run: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

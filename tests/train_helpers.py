@@ -1,8 +1,13 @@
-"""Test helpers for the task and training tests: a character tokenizer and a tiny Llama."""
+"""Test helpers for the task and training tests: a character tokenizer, a tiny Llama, and what
+someone crafting a checkpoint does (re-sign its manifest, plant a pickle that runs code)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from stalebound.tasks.charset import CHARSET
@@ -53,3 +58,22 @@ def tiny_llama(vocab_size: int = 64, hidden: int = 64, layers: int = 2, seed: in
         tie_word_embeddings=False,
     )
     return LlamaForCausalLM(cfg)
+
+
+def resign(checkpoint: Path) -> None:
+    """Fix up a checkpoint's manifest after its files were changed: every size and digest."""
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    for rel, meta in manifest["files"].items():
+        data = (checkpoint / rel).read_bytes()
+        meta.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+class CodeOnUnpickle:
+    """Unpickling it runs a shell command, which leaves ``marker`` behind."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))

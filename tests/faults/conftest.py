@@ -30,14 +30,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     faults = TALLY["faults"]
     tr = terminalreporter
     tr.section("fault injection")
-    for kind, n in sorted(faults.items()):
-        tr.write_line(f"  {kind:<46} {n}")
-    tr.write_line(f"  {'faults injected':<46} {sum(faults.values())}")
-    tr.write_line(f"  {'training processes run':<46} {TALLY['runs']}")
-    tr.write_line(f"  {'runs resumed from a checkpoint':<46} {TALLY['resumed']}")
-    tr.write_line(f"  {'failures reported clearly':<46} {TALLY['failures_reported']}")
-    tr.write_line(f"  {'items accounted for exactly once':<46} {TALLY['items']}")
-    tr.write_line(f"  {'staleness violations':<46} {TALLY['violations']}")
+    rows = [
+        *sorted(faults.items()),
+        ("faults injected", sum(faults.values())),
+        ("training processes run", TALLY["runs"]),
+        ("runs resumed from a checkpoint", TALLY["resumed"]),
+        ("failures reported clearly", TALLY["failures_reported"]),
+        ("items accounted for exactly once", TALLY["items"]),
+        ("staleness violations", TALLY["violations"]),
+    ]
+    width = max(len(kind) for kind, _ in rows)
+    for kind, n in rows:
+        tr.write_line(f"  {kind:<{width}} {n}")
     path = os.environ.get("STALEBOUND_FAULTS_REPORT")
     if path:
         with open(path, "w") as f:

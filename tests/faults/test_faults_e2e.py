@@ -31,6 +31,7 @@ import pytest
 from stalebound.core import StalenessBuffer
 from stalebound.train.checkpoint import CheckpointError, open_checkpoint
 from stalebound.train.ledger import audit_run
+from train_helpers import CodeOnUnpickle, resign
 
 pytestmark = pytest.mark.faults
 
@@ -128,6 +129,28 @@ def logged_steps(run_dir: Path) -> list[int]:
         except ValueError:
             break  # a line cut short by the kill
     return steps
+
+
+def run_patched(tmp: Path, name: str, patch: str, args: list[str], tally: dict[str, Any]) -> str:
+    """Run ``stalebound ARGS`` with ``patch`` applied first (in the training process, not in the
+    engine workers, which import the script too); return its output. The exit code is checked by
+    the caller through :func:`returncode`."""
+    script = tmp / f"{name}.py"
+    head = "import sys\nfrom stalebound.cli import main\n"
+    tail = '\nif __name__ == "__main__":\n    apply()\n    sys.exit(main(sys.argv[1:]))\n'
+    script.write_text(head + textwrap.dedent(patch) + tail)
+    out = tmp / f"{name}.log"
+    with out.open("w") as f:
+        code = subprocess.run(
+            [sys.executable, str(script), *args], stdout=f, stderr=subprocess.STDOUT, timeout=400
+        ).returncode
+    tally["runs"] += 1
+    (tmp / f"{name}.rc").write_text(str(code))
+    return out.read_text()
+
+
+def returncode(tmp: Path, name: str) -> int:
+    return int((tmp / f"{name}.rc").read_text())
 
 
 def check_lineage(run_dir: Path, tally: dict[str, Any]) -> None:
@@ -335,43 +358,31 @@ def test_failing_and_hanging_workflows_are_counted_and_nothing_is_lost(
     # The workflow raises for 10% of episodes and hangs past rollout.request_timeout for 5%,
     # chosen per episode from a seeded generator inside the training process.
     run_dir = tmp_path / "run"
-    script = tmp_path / "faulty.py"
-    script.write_text(
-        textwrap.dedent(
-            f"""
-            import asyncio, random, sys
-            from stalebound.cli import main
-            from stalebound.train import episode
+    patch = f"""
+        import asyncio, random
+        from stalebound.train import episode
 
-            rng = random.Random({SEED})
-            real = episode.EngineEpisode.arun_episode
+        rng = random.Random({SEED})
+        real = episode.EngineEpisode.arun_episode
 
-            async def faulty(self, engine, sample):
-                roll = rng.random()
-                if roll < 0.10:
-                    raise RuntimeError("injected workflow failure")
-                if roll < 0.15:
-                    await asyncio.sleep(3600)  # cut off by rollout.request_timeout
-                return await real(self, engine, sample)
+        async def faulty(self, engine, sample):
+            roll = rng.random()
+            if roll < 0.10:
+                raise RuntimeError("injected workflow failure")
+            if roll < 0.15:
+                await asyncio.sleep(3600)  # cut off by rollout.request_timeout
+            return await real(self, engine, sample)
 
-            if __name__ == "__main__":  # not in the engine worker, which imports this file
-                episode.EngineEpisode.arun_episode = faulty
-                sys.exit(main(sys.argv[1:]))
-            """
-        )
-    )
+        def apply():
+            episode.EngineEpisode.arun_episode = faulty
+        """
     # the buffer policy waits for a hung episode until rollout.request_timeout cuts it off (the
     # recipe's deadline policy would abort its group at the deadline first, as overdue_groups)
     args = train_args(
         run_dir, models, "rollout.request_timeout=3", "rollout.staleness_policy=buffer"
     )
-    out = tmp_path / "faulty.log"
-    with out.open("w") as f:
-        code = subprocess.run(
-            [sys.executable, str(script), *args], stdout=f, stderr=subprocess.STDOUT, timeout=400
-        ).returncode
-    tally["runs"] += 1
-    assert code == 0, out.read_text()
+    output = run_patched(tmp_path, "faulty", patch, args, tally)
+    assert returncode(tmp_path, "faulty") == 0, output
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     timed_out = int(last["timed_out_members"])
     raised = int(last["failed_members"]) - timed_out
@@ -448,6 +459,201 @@ def test_a_damaged_checkpoint_is_refused_with_the_way_out(
         earlier = run_dir / "checkpoints" / f"step-{STEPS - 2:06d}"
         assert f"resume from an earlier checkpoint instead, e.g. resume={earlier}" in text
     tally["failures_reported"] += 1
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every path under ``root`` with its content's digest: the whole run directory's state."""
+    import hashlib
+
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def _torch_save(value: Any, path: Path) -> None:
+    import torch
+
+    torch.save(value, path)
+
+
+def _unlisted(checkpoint: Path, name: str) -> None:
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    del manifest["files"][name]
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _cut(path: Path, size: int) -> None:
+    path.write_bytes(path.read_bytes()[:size])
+
+
+# (what is damaged, how — in the checkpoint c, with marker m —, the argv after `train`, which
+# checkpoint (the newest or the earlier), re-signed, the exit code, the start of the message)
+REFUSED: dict[str, tuple[Callable[[Path, Path], Any], str, bool, int, str]] = {
+    "junk trainer state": (
+        lambda c, m: (c / "trainer_state.pt").write_bytes(b"\x00junk" * 10),
+        "newest",
+        True,
+        1,
+        "trainer_state.pt: not a trainer state this stalebound reads",
+    ),
+    "a trainer state that runs code": (
+        lambda c, m: _torch_save({"optimizer": CodeOnUnpickle(m)}, c / "trainer_state.pt"),
+        "newest",
+        True,
+        1,
+        "trainer_state.pt: holds objects other than tensors",
+    ),
+    "a pickle as the rollout state": (
+        lambda c, m: _torch_save({"a": CodeOnUnpickle(m)}, c / "rollout_state.json"),
+        "newest",
+        True,
+        1,
+        "rollout_state.json: not valid JSON",
+    ),
+    "a 100,000-deep rollout state": (
+        lambda c, m: (c / "rollout_state.json").write_text("[" * 100_000 + "]" * 100_000),
+        "newest",
+        True,
+        1,
+        "rollout_state.json: not valid JSON (it nests 100000 deep",
+    ),
+    "a $type tag of a function": (
+        lambda c, m: (c / "rollout_state.json").write_text(
+            (c / "rollout_state.json")
+            .read_text()
+            .replace("stalebound.core.groups.MemberId", "posix.system")
+        ),
+        "newest",
+        True,
+        1,
+        "rollout_state.json: not an executor state: ",
+    ),
+    "truncated weights, re-signed": (
+        lambda c, m: _cut(c / "model.safetensors", 100),
+        "newest",
+        True,
+        1,
+        "model.safetensors: not a safetensors file this stalebound reads",
+    ),
+    "truncated weights, unlisted": (
+        lambda c, m: (_cut(c / "model.safetensors", 100), _unlisted(c, "model.safetensors")),
+        "newest",
+        False,
+        1,
+        "model.safetensors: not listed in manifest.json",
+    ),
+    "a pickled pytorch_model.bin": (
+        lambda c, m: _torch_save({"w": CodeOnUnpickle(m)}, c / "pytorch_model.bin"),
+        "newest",
+        False,
+        1,
+        "pytorch_model.bin: a .bin file in a checkpoint",
+    ),
+    "an unlisted file": (
+        lambda c, m: (c / "extra.json").write_text("{}"),
+        "newest",
+        False,
+        1,
+        "extra.json: not listed in manifest.json",
+    ),
+    "the earlier checkpoint's trainer state, resumed by name": (
+        lambda c, m: (c / "trainer_state.pt").write_bytes(b"\x00junk" * 10),
+        "earlier",
+        True,
+        1,
+        "trainer_state.pt: not a trainer state this stalebound reads",
+    ),
+    "a step twice in metrics.jsonl": (
+        lambda c, m: (c.parent.parent / "metrics.jsonl").write_text(
+            "".join(_twice((c.parent.parent / "metrics.jsonl").read_text().splitlines(True)))
+        ),
+        "newest",
+        False,
+        2,
+        "the run's records up to step 12 are damaged (metrics.jsonl: step 3",
+    ),
+}
+
+
+def _twice(lines: list[str]) -> list[str]:
+    return [*lines[:3], lines[2], *lines[3:]]
+
+
+@pytest.mark.parametrize("damage", list(REFUSED))
+def test_a_resume_refused_for_damage_leaves_the_run_directory_byte_for_byte(
+    finished_run: Path,
+    tmp_path: Path,
+    damage: str,
+    tally: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Each file of the checkpoint is read as what it holds before anything is written: nothing
+    # moves to abandoned/, no record is cut back, no config.yaml, ledger, TensorBoard or trace
+    # file is written, the lock is not taken, the model and the engines never start.
+    from stalebound.cli import main
+
+    run_dir = _copy(finished_run, tmp_path)
+    spoil, which, re_signed, code, message = REFUSED[damage]
+    step = STEPS if which == "newest" else STEPS - 2
+    checkpoint = run_dir / "checkpoints" / f"step-{step:06d}"
+    marker = tmp_path / "ran"
+    spoil(checkpoint, marker)
+    if re_signed:
+        resign(checkpoint)
+    before = _tree(run_dir)
+    target = str(run_dir) if which == "newest" else str(checkpoint)
+    tally["faults"][f"checkpoint refused before writing: {damage}"] += 1
+    assert main(["train", "--resume", target, "run.live=false"]) == code
+    err = capsys.readouterr().err
+    assert _tree(run_dir) == before, "the refused resume changed the run directory"
+    assert not marker.exists(), "code in the checkpoint ran"
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert message in err, err
+    assert err.count("instead") <= 1, err
+    tally["failures_reported"] += 1
+    if which == "earlier":  # the run itself is whole: its newest checkpoint still resumes
+        newest = run_dir / "checkpoints" / f"step-{STEPS:06d}"
+        assert f"resume from another checkpoint instead: resume={newest}" in err, err
+        assert audit_run(run_dir).ok
+
+
+def test_two_ctrl_c_while_a_checkpoint_is_put_in_place_name_the_one_resume_uses(
+    tmp_path: Path, models: Path, tally: dict[str, Any]
+) -> None:
+    # The order is driven, not timed: a wrapper sends the two SIGINTs itself while the checkpoint
+    # of step 4 is being put in place (they wait for it to be whole, then stop the run at once).
+    run_dir = tmp_path / "run"
+    patch = """
+        import signal
+        from stalebound.train import checkpoint
+
+        real = checkpoint.atomic_write_text
+
+        def write(path, text):
+            real(path, text)
+            if path.name == "latest" and text.strip() == "step-000004":
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGINT)
+
+        def apply():
+            checkpoint.atomic_write_text = write
+        """
+    output = run_patched(tmp_path, "ctrl_c", patch, train_args(run_dir, models), tally)
+    tally["faults"]["two SIGINTs while a checkpoint is put in place"] += 1
+    said = " ".join(output.split())
+    assert returncode(tmp_path, "ctrl_c") == 130, said
+    newest = run_dir / "checkpoints" / "step-000004"
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == newest.name
+    assert f"SIGINT received: stopped at once after step 4; continue from {newest} with:" in said
+    tally["failures_reported"] += 1
+    command = said[said.rindex("with: stalebound train ") + len("with: stalebound ") :].split()
+    assert command == ["train", f"resume={run_dir}"], said
+    again = Run(command, tmp_path / "resume.log", tally)
+    tally["resumed"] += 1
+    assert again.wait() == 0, again.output
+    assert f"from {newest.name}: step 4, version 4" in again.said, again.output
+    check_lineage(run_dir, tally)
 
 
 def test_resume_refuses_a_corrupt_checkpoint_then_continues_from_the_earlier_one(

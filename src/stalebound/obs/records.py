@@ -48,8 +48,11 @@ __all__ = [
     "StepMetrics",
     "buffer_rows",
     "load_run",
+    "numbered_jsonl",
     "read_jsonl",
+    "step_problems",
     "summarize",
+    "time_problems",
 ]
 
 log = logging.getLogger(__name__)
@@ -257,6 +260,12 @@ class RunData:
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     """The records of a JSON-lines file; a missing file has none. An unfinished last line (a
     crash mid-write) is skipped with a warning; a malformed line elsewhere is a ``ProtocolError``."""
+    for _, record in numbered_jsonl(path):
+        yield record
+
+
+def numbered_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """:func:`read_jsonl`'s records with their line numbers."""
     if not path.exists():
         return
     fix = "the file is damaged, remove or repair that line"
@@ -273,7 +282,73 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             raise ProtocolError(f"{path}:{number}: not a JSON object ({exc}); {fix}") from None
         if not isinstance(record, dict):
             raise ProtocolError(f"{path}:{number}: expected a JSON object, got {line[:40]!r}")
-        yield record
+        yield number, record
+
+
+def step_problems(
+    name: str,
+    records: Iterable[tuple[int, Mapping[str, Any]]],
+    steps: Iterable[int] | None = None,
+    of: str = "the run's steps",
+) -> list[str]:
+    """What is wrong with the ``step`` fields of numbered ``records`` of file ``name``: a step
+    that is not a whole number, one there twice, one out of order, and — when ``steps`` (the
+    steps the file must hold, ``of`` saying whose they are) is given — those missing and those
+    that are not among them."""
+    problems: list[str] = []
+    lines: dict[int, int] = {}
+    last = 0
+    for number, record in records:
+        step = record.get("step")
+        if type(step) is not int or step < 1:  # JSON's whole numbers are ints
+            problems.append(f"{name} line {number}: step={step!r} is not a step number")
+            continue
+        if step in lines:
+            problems.append(
+                f"{name}: step {step} is there twice (lines {lines[step]} and {number})"
+            )
+        elif step < last:
+            problems.append(f"{name} line {number}: step {step} comes after step {last}")
+        lines.setdefault(step, number)
+        last = max(last, step)
+    if steps is not None:
+        wanted = set(steps)
+        missing = sorted(wanted - set(lines))
+        if missing:
+            problems.append(f"{name}: {_steps_text(missing)} missing")
+        extra = sorted(set(lines) - wanted)
+        if extra:
+            problems.append(f"{name}: {_steps_text(extra)} not among {of}")
+    return problems
+
+
+def time_problems(name: str, records: Iterable[tuple[int, Mapping[str, Any]]]) -> list[str]:
+    """Samples of file ``name`` whose ``wall_time`` does not come after the one before: a record
+    there twice, or out of order."""
+    problems = []
+    previous: tuple[int, float] | None = None
+    for number, record in records:
+        t = record.get("wall_time")
+        if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t):
+            problems.append(f"{name} line {number}: wall_time={t!r} is not a time")
+            continue
+        if previous is not None and t <= previous[1]:
+            problems.append(
+                f"{name} line {number}: wall_time {t} is not after line {previous[0]}'s "
+                f"{previous[1]} (a record there twice, or out of order)"
+            )
+        previous = (number, float(t))
+    return problems
+
+
+def _steps_text(steps: list[int]) -> str:
+    """``step 4 is`` / ``steps 4, 5, 9 are`` / ``steps 28–30 are``."""
+    if len(steps) == 1:
+        return f"step {steps[0]} is"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"steps {steps[0]}–{steps[-1]} are"
+    shown = ", ".join(str(s) for s in steps[:10])
+    return f"steps {shown}{' …' if len(steps) > 10 else ''} are"
 
 
 def load_run(run_dir: str | Path) -> RunData:

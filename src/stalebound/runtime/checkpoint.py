@@ -30,7 +30,7 @@ from typing import Any
 
 from stalebound.core import CoordinatorCounts, ProtocolError
 
-__all__ = ["STATE_FORMAT", "SavedState", "build_state", "read_state"]
+__all__ = ["STATE_FORMAT", "SavedState", "build_state", "check_state", "read_state"]
 
 STATE_FORMAT = 1
 """The format of :meth:`WorkflowExecutor.state_dict`; :meth:`~WorkflowExecutor.load_state_dict`
@@ -165,6 +165,27 @@ def read_state(state: Mapping[str, Any], policy: str) -> SavedState:
             f"load_state_dict(): the state is damaged or not an executor state "
             f"({type(exc).__name__}: {exc}); load one written by state_dict()"
         ) from exc
+
+
+def check_state(state: Mapping[str, Any], config: Any, version: int) -> SavedState:
+    """Check that an executor built from the rollout section ``config`` at ``version`` would load
+    ``state``: it is restored into a coordinator of its own, which is then thrown away (the
+    coordinator is pure, so nothing else is touched). :class:`ProtocolError` when it would not."""
+    from stalebound.core import Coordinator, StaleboundError, build_policy, resolve_settings
+
+    settings = resolve_settings(config)
+    coordinator = Coordinator(build_policy(settings, version), settings)
+    saved = read_state(state, coordinator.policy.name)
+    try:
+        coordinator.restore(**saved.for_coordinator())
+    except ProtocolError:
+        raise
+    except (StaleboundError, KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise ProtocolError(
+            f"load_state_dict(): the state is damaged ({type(exc).__name__}: {exc}); load one "
+            "written by state_dict()"
+        ) from exc
+    return saved
 
 
 def _causes(counts: Mapping[Any, Any]) -> dict[str, int]:

@@ -51,8 +51,11 @@ __all__ = [
     "CheckpointWriteError",
     "abandon_after",
     "checkpoint_dirs",
+    "error_text",
     "find_checkpoint",
     "open_checkpoint",
+    "read_json",
+    "resume_target",
     "run_config_of",
     "run_dir_of",
     "write_checkpoint",
@@ -117,9 +120,9 @@ class Checkpoint:
             raise self.unusable(
                 TRAINER_STATE, "not a trainer state this stalebound reads (not a torch file)"
             ) from None
-        except (RuntimeError, EOFError, ValueError, OSError, KeyError) as exc:
+        except Exception as exc:  # junk makes the loader fail anyhow (struct.error, ...)
             raise self.unusable(
-                TRAINER_STATE, f"not a trainer state this stalebound reads ({type(exc).__name__})"
+                TRAINER_STATE, f"not a trainer state this stalebound reads ({error_text(exc)})"
             ) from None
         rng = state.get("rng") if isinstance(state, dict) else None
         if not (
@@ -158,9 +161,49 @@ class Checkpoint:
 
     def _json(self, name: str) -> Any:
         try:
-            return json.loads((self.path / name).read_text(encoding="utf-8"))
+            return read_json(self.path / name)
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise self.unusable(name, f"not valid JSON ({exc})") from None
+
+
+MAX_JSON_DEPTH = 100
+"""The deepest nesting of lists and objects a checkpoint's JSON file may hold (an executor's state
+nests about 15 deep); deeper data is refused before it is parsed, so that neither the parser nor
+the decoder recurses without bound."""
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of lists and objects in the JSON ``text`` (brackets inside strings
+    do not count)."""
+    brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", text))
+    depth = deepest = 0
+    for bracket in brackets:
+        if bracket in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def read_json(path: Path) -> Any:
+    """The JSON value in ``path``; ``ValueError`` when it is not JSON or nests deeper than
+    :data:`MAX_JSON_DEPTH`."""
+    text = path.read_text(encoding="utf-8")
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(
+            f"it nests {depth} deep, more than the {MAX_JSON_DEPTH} a checkpoint holds"
+        )
+    return json.loads(text)
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` of a library's error, on one line and at most 200 characters."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
 def _fsync_dir(path: Path) -> None:
@@ -362,7 +405,7 @@ def _problem(where: Path) -> tuple[str, dict[str, Any] | None]:
     """What is wrong with checkpoint directory ``where`` ('' when nothing), and its manifest."""
     manifest_path = where / MANIFEST
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = read_json(manifest_path)
     except FileNotFoundError:
         return f"{where}: not a complete checkpoint (no {MANIFEST})", None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -393,10 +436,45 @@ def _problem(where: Path) -> tuple[str, dict[str, Any] | None]:
                     problem = "its SHA-256 differs from the manifest's"
         if problem is not None:
             return f"{file}: corrupt checkpoint file: {problem}", None
+    stranger = _unlisted(where, manifest["files"])
+    if stranger:
+        return stranger, None
     step, version = manifest.get("step"), manifest.get("version")
     if type(step) is not int or type(version) is not int or step < 0 or version < 0:
         return f"{manifest_path}: no valid step or version in the manifest", None
     return "", manifest
+
+
+_FOREIGN_WEIGHTS = frozenset(
+    {".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".h5", ".msgpack", ".npy", ".npz", ".gguf"}
+)
+"""Weight and pickle formats a checkpoint of this project never holds (its weights are
+safetensors, its trainer state the one ``trainer_state.pt``)."""
+
+
+def _unlisted(where: Path, listed: Mapping[str, Any]) -> str:
+    """What in checkpoint directory ``where`` is not one of its ``listed`` files ('' when
+    nothing): a weight file of another format than safetensors, a link, or a file the manifest
+    does not list. Such a file would be read unverified (a library loading the directory picks
+    up what it finds there), so it is refused by name."""
+    for path in sorted(where.rglob("*")):
+        rel = path.relative_to(where).as_posix()
+        if rel == MANIFEST or (path.is_dir() and not path.is_symlink()):
+            continue
+        if path.suffix.lower() in _FOREIGN_WEIGHTS and rel != TRAINER_STATE:
+            return (
+                f"{path}: a {path.suffix} file in a checkpoint, which this stalebound never "
+                "writes: its weights are safetensors only (other formats can run code when "
+                "read), so the checkpoint is refused"
+            )
+        if path.is_symlink() or not path.is_file():
+            return f"{path}: not a regular file; a checkpoint holds files only"
+        if rel not in listed:
+            return (
+                f"{path}: not listed in {MANIFEST}, so it is not verified; a checkpoint holds "
+                "only the files its manifest lists"
+            )
+    return ""
 
 
 def _intact(root: Path, below: int | None = None, skip: Path | None = None) -> Path | None:
@@ -452,6 +530,20 @@ def find_checkpoint(path: str | Path) -> Checkpoint | None:
     return _open(root / name)
 
 
+def resume_target(run_dir: Path) -> Path | None:
+    """The checkpoint ``resume=run_dir`` would continue from, as the disk says now (``latest``,
+    or the newest complete one), unverified; ``None`` when there is none. Messages name it."""
+    root = run_dir / CHECKPOINTS
+    try:
+        name = (root / LATEST).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        name = ""
+    if _NAME.fullmatch(name) and (root / name).is_dir():
+        return root / name
+    found = checkpoint_dirs(root)
+    return found[-1] if found else None
+
+
 def open_checkpoint(path: str | Path) -> Checkpoint:
     """Find (a run directory means its ``latest``, see :func:`find_checkpoint`) and verify a
     checkpoint: its manifest's format and every file's size and SHA-256. Raises
@@ -463,10 +555,14 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
 
 
 def _instead(where: Path) -> str:
-    """What to resume from when checkpoint ``where`` cannot be used."""
+    """What to resume from when checkpoint ``where`` cannot be used: an earlier intact one, or
+    else a later one (when ``where`` was not the newest)."""
     earlier = _intact(where.parent, below=_step_of(where), skip=where)
     if earlier is not None:
         return f"; resume from an earlier checkpoint instead, e.g. resume={earlier}"
+    later = _intact(where.parent, skip=where)
+    if later is not None:
+        return f"; resume from another checkpoint instead: resume={later}"
     return "; no other intact checkpoint of this run is left, so start a new run"
 
 

@@ -23,16 +23,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from stalebound.core import ConfigError
+from stalebound.core import ConfigError, StaleboundError
+from stalebound.core.checks import is_integral
+from stalebound.obs.records import (
+    BUFFERS_FILE,
+    METRICS_FILE,
+    STALENESS_FILE,
+    numbered_jsonl,
+    step_problems,
+    time_problems,
+)
 from stalebound.train.checkpoint import open_checkpoint
 from stalebound.userfiles import json_line, read_lines
 
-__all__ = ["LEDGER_FILE", "Audit", "ItemLedger", "audit_run"]
+__all__ = ["LEDGER_FILE", "Audit", "ItemLedger", "audit_run", "record_problems"]
 
 LEDGER_FILE = "ledger.jsonl"
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
+    return [record for _, record in _numbered(path)]
+
+
+def _numbered(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """The ledger's lines. A last line cut short by a crash (no newline, not JSON) is left out;
     any other line that is not a well-formed record — damaged in the middle, a binary file — is a
     :class:`~stalebound.core.errors.ConfigError` naming its number and why, rather than items
@@ -55,7 +68,7 @@ def _read(path: Path) -> list[dict[str, Any]]:
         why = _malformed(record)
         if why is not None:
             raise ConfigError(f"{head} line {number}: {why}; {fix}")
-        lines.append(record)
+        lines.append((number, record))
     return lines
 
 
@@ -124,6 +137,55 @@ class ItemLedger:
         self._file.close()
 
 
+def record_problems(run_dir: str | Path, upto: int | None = None) -> list[str]:
+    """What is wrong with the steps of a run's records — ``metrics.jsonl`` and ``ledger.jsonl``
+    hold each step from 1 on exactly once and in order, ``staleness.jsonl`` the steps of
+    ``metrics.jsonl``, and the samples of ``buffers.jsonl`` follow each other in time — up to step
+    ``upto`` (the step of the checkpoint a resume cuts the records back to; ``None``: all)."""
+    root = Path(run_dir)
+    problems: list[str] = []
+    read: dict[str, list[tuple[int, Mapping[str, Any]]]] = {}
+    for name, reader in (
+        (METRICS_FILE, numbered_jsonl),
+        (LEDGER_FILE, _numbered),
+        (STALENESS_FILE, numbered_jsonl),
+        (BUFFERS_FILE, numbered_jsonl),
+    ):
+        try:
+            records: list[tuple[int, Mapping[str, Any]]] = list(reader(root / name))
+        except StaleboundError as exc:  # a line that does not parse: it says which
+            problems.append(str(exc))
+            continue
+        read[name] = [
+            (n, r)
+            for n, r in records
+            if upto is None or not is_integral(r.get("step")) or r["step"] <= upto
+        ]
+    metrics = read.get(METRICS_FILE, [])
+    steps = [int(r["step"]) for _, r in metrics if is_integral(r.get("step"))]
+    last = upto if upto is not None else max(steps, default=0)
+    if METRICS_FILE in read:
+        problems += step_problems(METRICS_FILE, metrics, range(1, last + 1))
+    if LEDGER_FILE in read:
+        problems += step_problems(LEDGER_FILE, read[LEDGER_FILE], range(1, last + 1))
+    if STALENESS_FILE in read and METRICS_FILE in read:
+        of = f"those of {METRICS_FILE}"
+        problems += step_problems(STALENESS_FILE, read[STALENESS_FILE], steps, of)
+    if BUFFERS_FILE in read:
+        ends = [
+            r.get("wall_time") for _, r in metrics if upto is not None and r.get("step") == upto
+        ]
+        samples = read[BUFFERS_FILE]
+        if ends and isinstance(ends[0], int | float):  # those after it, a resume cuts
+            samples = [(n, r) for n, r in samples if not _after(r.get("wall_time"), ends[0])]
+        problems += time_problems(BUFFERS_FILE, samples)
+    return problems
+
+
+def _after(t: Any, cutoff: float) -> bool:
+    return isinstance(t, int | float) and not isinstance(t, bool) and t > cutoff
+
+
 @dataclass(frozen=True)
 class Audit:
     """Every item of a run's lineage, counted once by what became of it."""
@@ -143,20 +205,24 @@ class Audit:
     """Items taken in and accounted for nowhere (lost)."""
     unknown: tuple[int, ...] = field(default=())
     """Items accounted for that were never taken in (a damaged ledger or checkpoint)."""
+    damaged: tuple[str, ...] = field(default=())
+    """What is wrong with the steps of the run's records (:func:`record_problems`)."""
 
     @property
     def ok(self) -> bool:
-        return not self.duplicates and not self.missing and not self.unknown
+        return not self.duplicates and not self.missing and not self.unknown and not self.damaged
 
     def describe(self) -> str:
         ended = ", ".join(f"{n} {k}" for k, n in sorted(self.ended.items()) if n) or "none ended"
         verdict = (
             "each accounted for exactly once"
-            if self.ok
+            if not (self.duplicates or self.missing or self.unknown)
             else f"{len(self.duplicates)} counted twice {list(self.duplicates)[:10]}, "
             f"{len(self.missing)} lost {list(self.missing)[:10]}, "
             f"{len(self.unknown)} never taken in {list(self.unknown)[:10]}"
         )
+        if self.damaged:
+            verdict += f"; the records are damaged: {'; '.join(self.damaged)}"
         return (
             f"step {self.step}: {self.taken} items taken in — {self.trained} trained, {ended}, "
             f"{self.pending} pending; {verdict}"
@@ -195,4 +261,5 @@ def audit_run(run_dir: str | Path) -> Audit:
         duplicates=tuple(sorted(i for i, n in seen.items() if n > 1)),
         missing=tuple(i for i in range(taken) if i not in seen),
         unknown=tuple(sorted(i for i in seen if not 0 <= i < taken)),
+        damaged=tuple(record_problems(run_dir, ckpt.step)),
     )

@@ -56,6 +56,11 @@ class TrainResult:
 
 def _continue_hint(run_dir: Path, checkpoint: Path | None) -> str:
     """How to continue the run in ``run_dir`` (from ``checkpoint``, its newest, if any)."""
+    from stalebound.train.checkpoint import resume_target
+
+    # the checkpoint a resume will use is the one on disk: a signal can cut the job short
+    # between putting a checkpoint in place and taking note of it
+    checkpoint = resume_target(run_dir) or checkpoint
     if checkpoint is None:
         return (
             "no checkpoint was written yet, so start it again from the beginning with: "
@@ -86,10 +91,12 @@ class TrainingInterrupted(StaleboundError, RuntimeError):
         *,
         at_once: bool = False,
     ) -> None:
+        from stalebound.train.checkpoint import resume_target
+
         self.signum = signum
         self.step = step
         self.run_dir = run_dir
-        self.checkpoint = checkpoint
+        self.checkpoint = resume_target(run_dir) or checkpoint
         self.at_once = at_once
         name = signal.Signals(signum).name
         how = "stopped at once" if at_once else "stopped"

@@ -28,6 +28,8 @@ from stalebound.config import (
 )
 from stalebound.core.errors import ConfigError
 from stalebound.engines.models import (
+    CHARSET,
+    SPECIAL_TOKENS,
     build_default_model,
     checkpoint_info,
     checkpoint_problem,
@@ -48,16 +50,26 @@ from stalebound.train.checkpoint import (
     run_dir_of,
 )
 from stalebound.train.jobstate import SavedJob, resume_settings
+from stalebound.train.ledger import record_problems
+from stalebound.train.limits import available_memory, memory_problems
+from stalebound.train.verify import (
+    VerifiedCheckpoint,
+    ignored_on_resume,
+    run_dir_problem,
+    verify_checkpoint,
+)
 from stalebound.userfiles import label, writable_dir_problem
 
 __all__ = [
     "Plan",
     "base_model_dir",
+    "check_memory",
     "check_run_paths",
     "default_run_dir",
     "preflight",
     "refuse_a_held_run_dir",
     "train_config",
+    "verify_resume",
 ]
 
 
@@ -70,6 +82,9 @@ def train_config(argv: Sequence[str]) -> StaleboundConfig:
     cfg = load_config([TRAIN_RECIPE, *paths], overrides)
     if cfg.run.resume:
         saved = run_config_of(cfg.run.resume)
+        problem = run_dir_problem(cfg.run.run_dir, saved.parent)
+        if problem:
+            raise ConfigError(problem)
         cfg = load_config([saved, *paths], [*overrides, f"run.run_dir={saved.parent}"])
     return cfg
 
@@ -93,13 +108,16 @@ class Plan:
     """The job's state in :attr:`resume`."""
     restart: bool = False
     """The run stopped before its first checkpoint and starts again from the beginning."""
+    verified: VerifiedCheckpoint | None = None
+    """:attr:`resume` read whole and checked, with the states the run loads."""
 
 
 def preflight(cfg: StaleboundConfig) -> Plan:
     """Every check before the run directory is touched, in order: the checkpoint to resume (every
-    file's checksum, the job's state, the settings it was written with), the run directory, the
-    task and its prompts, the paths, and the prompts against the model's context length. Raises
-    ConfigError (or a CheckpointError) with nothing written."""
+    file's checksum, the job's state, the settings it was written with, every file read whole,
+    the records it cuts back to), the run directory, the task and its prompts, the paths, the
+    size settings against the memory, and the prompts against the model's context length.
+    Raises ConfigError (or a CheckpointError) with nothing written."""
     resume = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
     restart = bool(cfg.run.resume) and resume is None
     saved = SavedJob.read(resume) if resume is not None else None
@@ -111,8 +129,10 @@ def preflight(cfg: StaleboundConfig) -> Plan:
                 "(run.checkpoint=false), so there is nothing to continue from; start a new "
                 "run in another directory"
             )
+    verified = None
     if resume is not None and saved is not None:
         check_resume_settings(cfg, resume, saved)
+        verified = verify_resume(cfg, resume)
     if cfg.run.run_dir:
         run_dir = Path(cfg.run.run_dir)
     elif cfg.run.resume:
@@ -124,6 +144,7 @@ def preflight(cfg: StaleboundConfig) -> Plan:
     task = build_task(cfg)
     samples = list(task.samples())
     check_run_paths(cfg, run_dir, resuming=resume is not None)
+    check_memory(cfg, resume)
     # the checkpoint's own vocabulary and limits (context length, chat template) against the
     # task's prompts
     base_dir = resume.path if resume is not None else base_model_dir(cfg)
@@ -133,7 +154,42 @@ def preflight(cfg: StaleboundConfig) -> Plan:
     )
     if problems:
         raise ConfigError(problems)
-    return Plan(cfg, run_dir, task, samples, base_dir, resume, saved, restart)
+    return Plan(cfg, run_dir, task, samples, base_dir, resume, saved, restart, verified)
+
+
+def verify_resume(cfg: StaleboundConfig, resume: Checkpoint) -> VerifiedCheckpoint:
+    """The checkpoint read whole and checked (:mod:`stalebound.train.verify`), the records it
+    cuts back to checked, and no setting given that a resumed run would ignore."""
+    run_dir = run_dir_of(resume.path)
+    problem = run_dir_problem(cfg.run.run_dir, run_dir)
+    problems = [problem] if problem else []
+    problems += ignored_on_resume(cfg, load_config([run_config_of(str(resume.path))]))
+    if problems:
+        raise ConfigError(problems)
+    verified = verify_checkpoint(resume, cfg.rollout)
+    damaged = record_problems(run_dir, resume.step)
+    if damaged:
+        raise ConfigError(
+            f"resume={cfg.run.resume!r}: the run's records up to step {resume.step} are "
+            f"damaged ({'; '.join(damaged)}); repair them (remove the extra lines, or restore "
+            "the files from a copy), then resume"
+        )
+    return verified
+
+
+def check_memory(cfg: StaleboundConfig, resume: Checkpoint | None) -> None:
+    """Refuse sizes the machine's memory cannot hold (:mod:`stalebound.train.limits`)."""
+    from stalebound.engines.devices import resolve_device
+
+    available = available_memory()
+    if available is None:
+        return
+    model = resume.path if resume is not None else cfg.engine.model_path
+    vocab = checkpoint_info(model).vocab_size if model else len(SPECIAL_TOKENS) + len(CHARSET)
+    on_cpu = resolve_device(cfg.train.device) == "cpu"
+    problems = memory_problems(cfg, available, vocab_size=vocab, trains_on_cpu=on_cpu)
+    if problems:
+        raise ConfigError(problems)
 
 
 def check_resume_settings(cfg: StaleboundConfig, resume: Checkpoint, saved: SavedJob) -> None:

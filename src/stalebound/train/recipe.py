@@ -331,8 +331,8 @@ class TrainRecipe:
         were loaded from it when the model was built.)"""
         import torch
 
-        resume, saved = self.resume, self.saved
-        if resume is None or saved is None:
+        resume, saved, verified = self.resume, self.saved, self.plan.verified
+        if resume is None or saved is None or verified is None:
             return
         with self._failures():
             self.progress = saved.progress
@@ -342,11 +342,11 @@ class TrainRecipe:
                 f"resuming {self.run_dir} from {resume.path.name}: step {resume.step}, version "
                 f"{resume.version}"
             )
-            try:
-                self.executor.load_state_dict(resume.rollout_state(), self.workflow)
+            try:  # read and checked before anything was written (preflight)
+                self.executor.load_state_dict(verified.rollout_state, self.workflow)
             except StaleboundError as exc:
                 raise resume.unusable(ROLLOUT_STATE, str(exc)) from None
-            state = resume.trainer_state()
+            state = verified.trainer_state
             try:
                 if state["optimizer"] is not None:
                     self.trainer.optimizer.load_state_dict(state["optimizer"])
