@@ -10,6 +10,8 @@ cannot write (skipped where that is not available).
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -41,6 +43,22 @@ def files(tmp: Path) -> None:
     (tmp / "keys.yaml").write_text("".join(f"u{i:05d}: {i}\n" for i in range(20_000)))
     with (tmp / "huge.yaml").open("w") as f:
         f.truncate(50 << 20)
+    header = {"type": "header", "format": "stalebound-trace", "version": 1, "source": "runtime"}
+    record = {"type": "trajectory", "prompt_id": 0, "start": 0.0, "end": 1.0, "tokens": 8}
+    for name, head, rec in [
+        ("nan_trace.jsonl", {**header, "group_size": math.nan}, record),
+        ("zero_trace.jsonl", {**header, "group_size": 0}, record),
+        ("inf_meta_trace.jsonl", {**header, "meta": {"staleness": math.inf}}, record),
+        ("nan_start_trace.jsonl", header, {**record, "start": math.nan}),
+    ]:
+        (tmp / name).write_text(json.dumps(head) + "\n" + json.dumps(rec) + "\n")
+    (tmp / "empty_run").mkdir()
+    (tmp / "metrics_run").mkdir()
+    (tmp / "metrics_run" / "metrics.jsonl").write_text(
+        '{"step": 1, "version": 1, "wall_time": 1.0, "reward_mean": 0.5}\n'
+    )
+    (tmp / "oldrun" / "checkpoints" / "step-000002").mkdir(parents=True)
+    (tmp / "oldrun" / "config.yaml").write_text("run: {steps: 3}\n")
 
 
 NEVER = "never"  # the run directory every train row names: it must not appear
@@ -150,6 +168,52 @@ ROWS = [
         "damaged_run/metrics.jsonl line 1: not UTF-8 text",
     ),
     (
+        "replay: a group size of NaN",
+        ["simulate", "--replay", "nan_trace.jsonl", "--steps", "5"],
+        "trace nan_trace.jsonl line 1: group_size=nan: must be a whole number ≥ 1",
+    ),
+    (
+        "replay: a group size of 0",
+        ["simulate", "--replay", "zero_trace.jsonl", "--steps", "5"],
+        "trace zero_trace.jsonl line 1: group_size=0: must be a whole number ≥ 1",
+    ),
+    (
+        "replay: an infinite number in the header",
+        ["simulate", "--replay", "inf_meta_trace.jsonl", "--steps", "5"],
+        "line 1: meta.staleness=inf: must be a finite number",
+    ),
+    (
+        "replay: an episode starting at NaN",
+        ["simulate", "--replay", "nan_start_trace.jsonl", "--steps", "5"],
+        "line 2: start=nan, end=1.0: must be finite seconds",
+    ),
+    (
+        "plot an empty directory",
+        ["plot", "empty_run"],
+        "run directory 'empty_run' holds no records (metrics.jsonl, staleness.jsonl",
+    ),
+    (
+        "plot a reward key the records do not have",
+        ["plot", "metrics_run", "--reward-key", "rewrd_mean"],
+        "--reward-key='rewrd_mean': not a metric in metrics_run/metrics.jsonl; its metrics are "
+        "reward_mean",
+    ),
+    (
+        "a batch of a billion groups",
+        [*TRAIN, "rollout.consumer_batch_size=1000000000"],
+        "rollout.consumer_batch_size=1000000000: the run would hold about ",
+    ),
+    (
+        "groups of a hundred million",
+        [*TRAIN, "rollout.group_size=100000000"],
+        "rollout.group_size=100000000: the run would hold about ",
+    ),
+    (
+        "a run directory a resume would ignore",
+        ["train", "--resume", "oldrun/checkpoints/step-000002", f"run.run_dir={NEVER}"],
+        "run.run_dir='never': a resumed run continues in its own directory",
+    ),
+    (
         "plot under a file",
         ["simulate", "--plot", "afile/plots", "--steps", "5", "--policy", "buffer"],
         "plot='afile/plots': cannot write there (Not a directory)",
@@ -253,3 +317,63 @@ def test_a_read_only_directory_is_refused_before_anything_runs(
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "models").exists()
     assert "stalebound simulate:" in done.stderr or "stalebound train:" in done.stderr
+
+
+def test_the_version_is_one_flag_away(capsys: pytest.CaptureFixture[str]) -> None:
+    from stalebound import __version__
+
+    with pytest.raises(SystemExit) as done:
+        cli_main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"stalebound {__version__}\n"
+
+
+def test_every_command_says_what_it_does(capsys: pytest.CaptureFixture[str]) -> None:
+    from stalebound.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert {"train", "bench", "ablate", "audit", "walkthrough", "plot", "simulate"} <= set(commands)
+    for name, sub in commands.items():
+        assert sub.description, f"stalebound {name} -h has no description"
+        try:
+            code = cli_main([name, "-h"])
+        except SystemExit as exit_:
+            code = exit_.code
+        out = capsys.readouterr().out
+        assert code == 0, name
+        paragraphs = [p for p in out.split("\n\n") if p.strip()]
+        assert paragraphs[0].startswith(f"usage: stalebound {name}"), out
+        assert len(paragraphs) > 1 and not paragraphs[1].lstrip().startswith("positional"), out
+
+
+BLOCK_TORCH = """
+import importlib.abc, sys
+
+class Missing(importlib.abc.MetaPathFinder):  # as if torch were not installed
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, Missing())
+from stalebound.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("argv", [["train", "run.live=false"], ["bench", "--staleness", "1"]])
+def test_a_command_that_needs_torch_names_the_extra_to_install(
+    argv: list[str], tmp_path: Path
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCK_TORCH, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"stalebound {argv[0]}: needs torch, which is not installed; install it with the extra: "
+        "pip install 'stalebound[torch]'\n"
+    )
+    assert list(tmp_path.iterdir()) == []

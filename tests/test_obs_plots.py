@@ -138,3 +138,29 @@ def test_plot_command_on_a_missing_directory(
     assert args.func(args) == 2
     err = capsys.readouterr().err
     assert "nope" in err and "does not exist" in err
+
+
+def test_plot_command_on_a_directory_without_records_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = parser().parse_args(["plot", str(tmp_path)])
+    assert args.func(args) == 2
+    assert capsys.readouterr().err == (
+        f"stalebound plot: run directory '{tmp_path}' holds no records (metrics.jsonl, "
+        "staleness.jsonl, buffers.jsonl); pass the directory a run wrote\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plot_command_names_the_metrics_when_the_reward_key_is_not_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    synthetic_run(tmp_path)
+    args = parser().parse_args(["plot", str(tmp_path), "--reward-key", "rewrd_mean"])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"stalebound plot: --reward-key='rewrd_mean': not a metric in {tmp_path}/metrics.jsonl; "
+        "its metrics are "
+    ), err
+    assert "reward_mean" in err and not list(tmp_path.glob("*.png"))

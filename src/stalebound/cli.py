@@ -15,19 +15,39 @@ def _walkthrough(_: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from stalebound import __version__
+
     parser = argparse.ArgumentParser(
         prog="stalebound", description="Bounded-staleness asynchronous RL for language models."
     )
+    parser.add_argument("--version", action="version", version=f"stalebound {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    walk = sub.add_parser("walkthrough", help="narrated walk through the staleness-buffer protocol")
-    walk.set_defaults(func=_walkthrough)
-    sub.add_parser("train", help="train on the embedded default (stalebound train --help)")
-    sub.add_parser("bench", help="the same run at several η side by side (stalebound bench --help)")
-    sub.add_parser(
-        "ablate", help="η × objective × seed grid of final reward (stalebound ablate --help)"
+    walk = sub.add_parser(
+        "walkthrough",
+        help="narrated walk through the staleness-buffer protocol",
+        description=(
+            "Walk through the Reserve / Occupy / Consume protocol on the worked example of the "
+            "PSRL design: six trajectories start at version 0 with η = 1, move to the earliest "
+            "buffer with room as they finish, and buffer 0 becomes READY first. The buffers are "
+            "drawn after each step; no model is needed."
+        ),
     )
+    walk.set_defaults(func=_walkthrough)
+    for name, help_text in (
+        ("train", "train on the embedded default (stalebound train --help)"),
+        ("bench", "the same run at several η side by side (stalebound bench --help)"),
+        ("ablate", "η × objective × seed grid of final reward (stalebound ablate --help)"),
+    ):
+        sub.add_parser(name, help=help_text, description=f"{help_text[0].upper()}{help_text[1:]}.")
     audit = sub.add_parser(
-        "audit", help="check that every item of a run is accounted for exactly once"
+        "audit",
+        help="check that every item of a run is accounted for exactly once",
+        description=(
+            "Check a run's lineage against its newest checkpoint: every item the executor took "
+            "in is trained, ended (filtered, failed, dropped, ...) or pending in the checkpoint "
+            "exactly once, and its records (metrics.jsonl, staleness.jsonl, buffers.jsonl, "
+            "ledger.jsonl) hold each step once. Exits 1 when not."
+        ),
     )
     audit.add_argument("run_dir", help="a run directory with a checkpoint")
     audit.set_defaults(func=_audit)
@@ -108,8 +128,39 @@ Checkpoints go to RUN_DIR/checkpoints (run.checkpoint_every_steps, at the end, a
 SIGTERM/SIGINT). Continue a run with: stalebound train resume=RUN_DIR [run.steps=100 ...]"""
 
 
+EXTRAS = {
+    "torch": "torch",
+    "transformers": "torch",
+    "tokenizers": "torch",
+    "safetensors": "torch",
+    "numpy": "torch",
+    "matplotlib": "obs",
+    "tensorboard": "obs",
+    "prometheus_client": "obs",
+    "ray": "ray",
+    "httpx": "vllm",
+}
+"""The optional dependencies by the extra that installs them (pyproject.toml)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(argv)
+    except ModuleNotFoundError as exc:  # an optional dependency the command needs
+        top = (exc.name or "").partition(".")[0]
+        if top not in EXTRAS:
+            raise
+        command = argv[0] if argv else "stalebound"
+        print(
+            f"stalebound {command}: needs {top}, which is not installed; install it with the "
+            f"extra: pip install 'stalebound[{EXTRAS[top]}]'",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _run(argv: list[str]) -> int:
     if argv and argv[0] == "train":  # free-form overrides and AReaL-style flags: not argparse's
         return _train(argv[1:])
     if argv and argv[0] == "bench":

@@ -6,7 +6,14 @@ import argparse
 import sys
 from typing import Any
 
-from stalebound.core import StaleboundError
+from stalebound.core import ConfigError, StaleboundError
+from stalebound.obs.records import (
+    BUFFERS_FILE,
+    METRICS_FILE,
+    RESERVED_KEYS,
+    STALENESS_FILE,
+    RunData,
+)
 
 __all__ = ["register", "run_plot"]
 
@@ -31,6 +38,27 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run_plot)
 
 
+def _nothing_to_plot(data: RunData, run_dir: str, reward_key: str) -> str | None:
+    """Why ``stalebound plot`` has nothing to draw from ``data`` (or the metric it was asked
+    for is not there), as one message; ``None`` when it has."""
+    if not (data.steps or data.staleness or data.buffers):
+        return (
+            f"run directory {run_dir!r} holds no records ({METRICS_FILE}, {STALENESS_FILE}, "
+            f"{BUFFERS_FILE}); pass the directory a run wrote"
+        )
+    metrics = sorted({k for r in data.steps for k, v in r.items() if _number(v)} - RESERVED_KEYS)
+    if data.steps and reward_key not in metrics:
+        return (
+            f"--reward-key={reward_key!r}: not a metric in {run_dir}/{METRICS_FILE}; its metrics "
+            f"are {', '.join(metrics)}"
+        )
+    return None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def run_plot(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -41,6 +69,9 @@ def run_plot(args: argparse.Namespace) -> int:
     console = Console()
     try:
         data = load_run(args.run_dir)
+        problem = _nothing_to_plot(data, args.run_dir, args.reward_key)
+        if problem:
+            raise ConfigError(problem)
         written = plot_run(args.run_dir, args.out, reward_key=args.reward_key)
     except StaleboundError as exc:
         print(f"stalebound plot: {exc}", file=sys.stderr)
@@ -53,8 +84,6 @@ def run_plot(args: argparse.Namespace) -> int:
         return 2
     for path in written:
         console.print(f"wrote {path}", highlight=False)
-    if not written:
-        console.print(f"no plots: {args.run_dir} has no metrics, staleness or buffer records")
     if not args.no_summary:
         console.print(summary_table(summarize(data)))
     return 0

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,12 +214,7 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
                 number,
                 f"version={obj.get('version')!r}: this stalebound reads version {TRACE_VERSION}",
             )
-            header = TraceHeader(
-                source=str(obj.get("source", "runtime")),
-                group_size=obj.get("group_size"),
-                meta=obj.get("meta") or {},
-                created=str(obj.get("created", "")),
-            )
+            header = _header(obj, str(p))
             continue
         if obj.get("type") != "trajectory":
             continue  # other record types are reserved for later versions
@@ -231,16 +227,33 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
                 f"tokens={tokens!r}: must be an integer ≥ 0",
             )
             tools = tuple(float(t) for t in obj.get("tool_latencies", ()))
-            _need(all(t >= 0 for t in tools), str(p), number, "tool latencies must be ≥ 0")
+            _need(
+                all(math.isfinite(t) and t >= 0 for t in tools),
+                str(p),
+                number,
+                "tool latencies must be finite and ≥ 0",
+            )
             reward = float(obj.get("reward_latency", 0.0))
-            _need(reward >= 0, str(p), number, f"reward_latency={reward!r}: must be ≥ 0")
+            _need(
+                math.isfinite(reward) and reward >= 0,
+                str(p),
+                number,
+                f"reward_latency={reward!r}: must be finite and ≥ 0",
+            )
+            start, end = float(obj.get("start", 0.0)), float(obj.get("end", 0.0))
+            _need(
+                math.isfinite(start) and math.isfinite(end) and 0 <= start <= end,
+                str(p),
+                number,
+                f"start={start!r}, end={end!r}: must be finite seconds with 0 ≤ start ≤ end",
+            )
             records.append(
                 TrajectoryRecord(
                     prompt_id=obj["prompt_id"],
                     group_id=obj.get("group_id"),
                     member=int(obj.get("member", 0)),
-                    start=float(obj.get("start", 0.0)),
-                    end=float(obj.get("end", 0.0)),
+                    start=start,
+                    end=end,
                     tokens=tokens,
                     tool_latencies=tools,
                     failed=bool(obj.get("failed", False)),
@@ -260,6 +273,42 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
     if header is None:
         raise ConfigError(f"trace {p}: empty; a trace starts with a header line")
     return header, records
+
+
+def _header(obj: Mapping[str, Any], path: str) -> TraceHeader:
+    """The header line's fields, each checked (a trace is input: its header may be anything)."""
+    source, group_size = obj.get("source", "runtime"), obj.get("group_size")
+    meta, created = obj.get("meta") or {}, obj.get("created", "")
+    _need(isinstance(source, str), path, 1, f"source={source!r}: must be a string")
+    _need(
+        group_size is None or (type(group_size) is int and group_size >= 1),
+        path,
+        1,
+        f"group_size={group_size!r}: must be a whole number ≥ 1 (trajectories per group), or null",
+    )
+    _need(isinstance(created, str), path, 1, f"created={created!r}: must be a date string")
+    _need(isinstance(meta, dict), path, 1, f"meta={meta!r}: must be an object")
+    bad = _not_finite(meta)
+    _need(bad is None, path, 1, f"meta{bad}: must be a finite number (JSON has no NaN or Infinity)")
+    return TraceHeader(source=source, group_size=group_size, meta=meta, created=created)
+
+
+def _not_finite(value: Any, where: str = "") -> str | None:
+    """Where in ``value`` a non-finite number sits (``.a[2]``), or ``None``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where}={value!r}"
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, item in items:
+        found = _not_finite(item, f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]")
+        if found is not None:
+            return found
+    return None
 
 
 def _nonblank(lines: Iterable[str]) -> Iterator[str]:
