@@ -145,3 +145,57 @@ def test_summary_table_lists_metrics_and_staleness() -> None:
     # the view's figures come first, the others after
     assert text.index("reward_mean") < text.index("kl")
     assert "0: 30 (30%), 1: 50 (50%), 2: 20 (20%)" in text
+
+
+class FakeClock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_view_shows_step_n_of_the_total_and_the_time_left() -> None:
+    out = io.StringIO()
+    clock = FakeClock()
+    view = LiveView(Console(file=out, width=120), staleness=1, total_steps=10, clock=clock)
+    with view:
+        for step in (1, 2, 3):
+            clock.now += 4.0  # a step every 4 s: 7 steps left take 28 s
+            view.update_step(step, step, {"reward_mean": 0.1})
+    printed = out.getvalue().splitlines()
+    assert printed[0].startswith("step 1/10 | version 1 | η 1 | 00:04 | ETA")
+    assert printed[2].startswith("step 3/10 | version 3 | η 1 | 00:12 | ETA 00:28 | "), printed
+    console = Console(record=True, width=120)
+    console.print(view.render())
+    drawn = console.export_text()
+    assert "step 3/10" in drawn and "3/10" in drawn.split("\n", 2)[1]  # the progress row
+    assert "0:00:12" in drawn and "0:00:28" in drawn  # elapsed, and the time left
+
+
+def test_a_resumed_run_counts_from_its_checkpoint() -> None:
+    out = io.StringIO()
+    clock = FakeClock()
+    view = LiveView(Console(file=out, width=120), total_steps=60, first_step=40, clock=clock)
+    with view:
+        clock.now += 2.0
+        view.update_step(41, 41, {})
+        clock.now += 2.0
+        view.update_step(42, 42, {})
+    assert out.getvalue().splitlines()[1].startswith("step 42/60 | version 42 | 00:04 | ETA 00:36")
+
+
+def test_a_phase_is_one_line_in_a_log_and_a_spinner_on_a_terminal() -> None:
+    from stalebound.obs.live import phase
+
+    out = io.StringIO()
+    with phase(Console(file=out, width=100), "loading the model from runs/a/policy-v0 …"):
+        pass
+    assert out.getvalue() == "loading the model from runs/a/policy-v0 …\n"
+    term = io.StringIO()
+    console = Console(file=term, width=100, force_terminal=True, force_interactive=True)
+    with phase(console, "warm start …"):
+        pass
+    assert "warm start …" in term.getvalue() and "\x1b[" in term.getvalue()

@@ -1,6 +1,7 @@
 """A live terminal view of a training run, and the end-of-run summary table (rich).
 
-The view shows a header (step, version, η, elapsed time), the latest figures (reward with a
+The view shows a header (step, version, η, elapsed time), the run's progress (step N / total,
+elapsed and estimated time left, from rich's progress tracking), the latest figures (reward with a
 sparkline of recent steps, throughput, staleness, idle fractions, ...) and the staleness buffers:
 one row per buffer version in the window, each entry drawn as ``■`` (occupied), ``▣`` (reserved) or
 ``□`` (empty), with the buffer's state. A row longer than the space available is drawn as a scaled
@@ -8,6 +9,9 @@ bar, with the exact counts beside it.
 
 On a terminal the view redraws in place (``rich.live.Live``). Elsewhere (CI logs, a file) it prints
 one plain line per training step and nothing for buffer-only updates, so logs stay readable.
+
+:func:`phase` says what a run is doing before its view starts (loading the model, warm start): a
+spinner on a terminal, one line elsewhere.
 """
 
 from __future__ import annotations
@@ -15,12 +19,22 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -31,6 +45,7 @@ __all__ = [
     "OCCUPIED_GLYPH",
     "RESERVED_GLYPH",
     "LiveView",
+    "phase",
     "render_buffers",
     "summary_table",
 ]
@@ -83,6 +98,9 @@ class LiveView:
     ``console``: where to draw (default: a new stdout console). ``staleness``: η, for the header.
     ``live``: redraw in place; default: when the console is an interactive terminal.
     ``reward_key``: the metric the sparkline follows. ``history``: steps in the sparkline.
+    ``total_steps``: the step the run ends at, for the progress (step N / total, time left);
+    ``first_step``: the step it starts after (a resumed run's). ``clock``: the monotonic clock
+    elapsed time and the estimate of the time left are measured with.
     """
 
     def __init__(
@@ -95,6 +113,9 @@ class LiveView:
         reward_key: str = "reward_mean",
         history: int = 40,
         refresh_per_second: float = 4.0,
+        total_steps: int | None = None,
+        first_step: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.console = console if console is not None else Console()
         self.staleness = staleness
@@ -107,14 +128,35 @@ class LiveView:
         )
         self._rewards: deque[float] = deque(maxlen=max(1, history))
         self._frame = _Frame()
-        self._started_at = time.monotonic()
+        self._clock = clock
+        self._started_at = clock()
         self._refresh = refresh_per_second
         self._live: Live | None = None
+        # rich's progress tracking, never started itself: the view draws its row, and its
+        # estimate of the time left (over the last ten minutes of steps) goes in the log line
+        self._progress = Progress(
+            TextColumn("[dim]steps"),
+            MofNCompleteColumn(),
+            BarColumn(),
+            TimeElapsedColumn(),
+            TextColumn("[dim]left"),
+            TimeRemainingColumn(),
+            get_time=clock,
+            auto_refresh=False,
+            speed_estimate_period=600.0,
+        )
+        self._task: TaskID | None = None
+        if total_steps is not None:
+            self._task = self._progress.add_task("steps", total=total_steps, completed=first_step)
 
     # -------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        self._started_at = time.monotonic()
+        self._started_at = self._clock()
+        if self._task is not None:
+            self._progress.reset(
+                self._task, completed=int(self._progress.tasks[0].completed), start=True
+            )
         if self.is_live and self._live is None:
             self._live = Live(
                 get_renderable=self.render,
@@ -168,6 +210,8 @@ class LiveView:
             rewards=tuple(self._rewards),
         )
         self._frame = frame
+        if self._task is not None:
+            self._progress.update(self._task, completed=step)
         if self._live is not None:
             self._live.refresh()
         elif not self.is_live:
@@ -192,15 +236,21 @@ class LiveView:
     def render(self) -> RenderableType:
         """The whole view for the current state."""
         f = self._frame
-        return Group(self._header(f), _figures(f), render_buffers(f.rows, width=self.console.width))
+        parts: list[RenderableType] = [self._header(f)]
+        if self._task is not None:
+            parts.append(self._progress.make_tasks_table(self._progress.tasks))
+        parts += [_figures(f), render_buffers(f.rows, width=self.console.width)]
+        return Group(*parts)
 
     def step_line(self) -> str:
         """The one-line form of the current state, printed per step off a terminal."""
         f = self._frame
-        parts = [f"step {f.step}", f"version {f.version}"]
+        parts = [f"step {f.step}{self._of_total()}", f"version {f.version}"]
         if self.staleness is not None:
             parts.append(f"η {self.staleness}")
         parts.append(_clock(f.elapsed))
+        if self._task is not None:
+            parts.append(f"ETA {_clock(self._progress.tasks[0].time_remaining)}")
         parts += [f"{key} {_num(f.metrics[key])}" for key, _ in FIGURES if key in f.metrics]
         head = next((r for r in f.rows if r.version == f.version), f.rows[0] if f.rows else None)
         if head is not None:
@@ -212,7 +262,7 @@ class LiveView:
     def _header(self, f: _Frame) -> Text:
         text = Text()
         text.append(self.title, style="bold")
-        text.append(f"   step {f.step if f.step is not None else '-'}")
+        text.append(f"   step {f.step if f.step is not None else '-'}{self._of_total()}")
         text.append(f"   version {f.version if f.version is not None else '-'}")
         if self.staleness is not None:
             text.append(f"   η = {self.staleness}")
@@ -220,7 +270,22 @@ class LiveView:
         return text
 
     def _elapsed(self, elapsed: float | None) -> float:
-        return time.monotonic() - self._started_at if elapsed is None else elapsed
+        return self._clock() - self._started_at if elapsed is None else elapsed
+
+    def _of_total(self) -> str:
+        return "" if self._task is None else f"/{self._progress.tasks[0].total:.0f}"
+
+
+@contextmanager
+def phase(console: Console, what: str) -> Iterator[None]:
+    """Say that the run is doing ``what`` (``loading the model …``) while the block runs: a
+    spinner on a terminal, one line in a log."""
+    if console.is_terminal and not console.is_dumb_terminal:
+        with console.status(what):
+            yield
+    else:
+        console.print(what, markup=False, highlight=False, soft_wrap=True)
+        yield
 
 
 def _figures(f: _Frame) -> Table:

@@ -45,7 +45,7 @@ from stalebound.core.policy import BufferBacked
 from stalebound.engines.devices import resolve_device
 from stalebound.engines.models import load_model, load_tokenizer
 from stalebound.engines.protocol import SamplingParams
-from stalebound.obs.live import LiveView, summary_table
+from stalebound.obs.live import LiveView, phase, summary_table
 from stalebound.obs.metrics import RunLogger
 from stalebound.obs.plots import plot_run
 from stalebound.obs.records import BufferRow, buffer_rows
@@ -161,6 +161,7 @@ class TrainRecipe:
         engines, the executor, the trainer and the run's records."""
         self._plan()
         self._take_run_dir()
+        self.console.print(f"run directory {self.run_dir}", highlight=False)
         with self._interruptions():
             train_device = self._prepare_torch()
         with self._failures():
@@ -235,8 +236,9 @@ class TrainRecipe:
         )
         policy_dir = self.plan.base_dir
         try:
-            self.model = load_model(policy_dir, device=train_device)
-            self.tokenizer = load_tokenizer(policy_dir)
+            with phase(console, f"loading the model from {policy_dir} …"):
+                self.model = load_model(policy_dir, device=train_device)
+                self.tokenizer = load_tokenizer(policy_dir)
         except (OSError, ValueError, RuntimeError, StaleboundError) as exc:
             if resume is None:
                 raise
@@ -244,15 +246,16 @@ class TrainRecipe:
                 "", f"the policy does not load ({type(exc).__name__}: {exc})"
             ) from None
         if resume is None:
-            ws = warm_start(
-                self.model,
-                self.tokenizer,
-                self.task,
-                cfg.train.warm_start_steps,
-                batch_size=cfg.train.warm_start_batch_size,
-                lr=cfg.train.warm_start_lr,
-                seed=cfg.train.seed,
-            )
+            with phase(console, f"warm start: {cfg.train.warm_start_steps} supervised steps …"):
+                ws = warm_start(
+                    self.model,
+                    self.tokenizer,
+                    self.task,
+                    cfg.train.warm_start_steps,
+                    batch_size=cfg.train.warm_start_batch_size,
+                    lr=cfg.train.warm_start_lr,
+                    seed=cfg.train.seed,
+                )
             self.eval_before = evaluate(self.model, self.tokenizer, self.task, self.eval_set)["acc"]
             self.warm_start_s = ws.seconds
             policy_dir = run_dir / "policy-v0"
@@ -266,7 +269,8 @@ class TrainRecipe:
         version = resume.version if resume is not None else 0
 
         # 3-4. engines and the executor
-        engines = make_engines(cfg, self.backend, policy_dir, version)
+        with phase(console, "starting the engines …"):
+            engines = make_engines(cfg, self.backend, policy_dir, version)
         self._engines = engines
         self._stopping.append(engines.close)
         self.engine = BusyMeter(engines.engine)
@@ -308,7 +312,13 @@ class TrainRecipe:
         self._closers.append(("the item ledger", self.ledger.close))
         if recorder is not None:
             self._closers.append(("the episode trace", self.workflow.close_trace))
-        self.view = LiveView(console, staleness=cfg.rollout.staleness, live=cfg.run.live)
+        self.view = LiveView(
+            console,
+            staleness=cfg.rollout.staleness,
+            live=cfg.run.live,
+            total_steps=cfg.run.steps,
+            first_step=resume.step if resume is not None else 0,
+        )
 
     def _publish(self, state_dict: Any, version: int) -> None:
         source: Any = state_dict
