@@ -3,7 +3,7 @@
 This module imports neither torch nor anything heavy, so the executor, the simulator's adapters and
 other engines can depend on it freely.
 
-Contract (DESIGN.md §6):
+Contract:
 
 * ``await engine.agenerate(request)`` generates one sequence and returns a :class:`GenerateResponse`
   with the generated token ids, the **raw model log-probability** of each generated token, and the
