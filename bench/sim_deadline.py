@@ -21,12 +21,12 @@ from collections import defaultdict
 from typing import Any
 
 POLICIES = ("capacity", "deadline", "deadline-tight", "deadline-abort")
-HARD = {"capacity": "–", "deadline": "2η_s", "deadline-tight": "η_s", "deadline-abort": "2η_s"}
+HARD = {"capacity": "η_s", "deadline": "2η_s", "deadline-tight": "η_s", "deadline-abort": "2η_s"}
 
 
 def run(out: str, presets: list[str], etas: list[int], seeds: list[int]) -> None:
     from stalebound.sim.config import load_preset
-    from stalebound.sim.simulator import simulate
+    from stalebound.sim.simulator import policy_spec, simulate
 
     with open(out, "a") as f:
         for preset in presets:
@@ -35,7 +35,9 @@ def run(out: str, presets: list[str], etas: list[int], seeds: list[int]) -> None
                 for seed in seeds:
                     for policy in POLICIES:
                         t = time.time()
-                        r = simulate(cfg, policy, eta, seed=seed)
+                        # the hard bound that pairs with the soft target η_s = eta
+                        hard = policy_spec(policy).hard_bound(eta)
+                        r = simulate(cfg, policy, hard, seed=seed)
                         row = {
                             "preset": preset,
                             "eta_s": eta,

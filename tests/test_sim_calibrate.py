@@ -90,8 +90,8 @@ def within(e: dict[str, float]) -> bool:
 
 def test_the_calibrated_simulator_predicts_its_own_run(recorded: Path) -> None:
     cal = calibrate(recorded)
-    # the recipe's deadline policy, η_h = 4: the simulator's `deadline` at η_s = 2
-    assert cal.run.policy == "deadline" and cal.run.staleness == 2
+    # the recipe's deadline policy: the simulator's `deadline` at η_h = 4, η_s = 2
+    assert (cal.run.policy, cal.run.staleness, cal.run.target) == ("deadline", 4, 2)
     assert {f.key for f in cal.fits} >= {
         "engine.step_per_seq",
         "engine.prefill",
@@ -169,7 +169,7 @@ def test_the_command_prints_fits_and_the_prediction(
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.strip()]
     assert lines[0]["workload"] == str(out) and out.is_file()
     row = lines[1]
-    assert row["policy"] == "deadline" and row["staleness"] == 2
+    assert (row["policy"], row["staleness"], row["target"]) == ("deadline", 4, 2)
     assert set(row["predicted"]) == set(row["measured"])
     what_if = lines[2]  # the run's policy at the η asked for
     assert what_if["policy"] == "deadline" and what_if["staleness"] == 0
@@ -244,13 +244,15 @@ def test_a_damaged_run_is_refused_naming_the_file(
 @pytest.mark.parametrize(
     ("deadline", "hard", "expected"),
     [
-        ("{}", 4, ("deadline", 2)),
-        ("{target: 3}", 3, ("deadline-tight", 3)),
-        ("{target: 1, action: abort}", 2, ("deadline-abort", 1)),
+        ("{}", 4, ("deadline", 4, 2)),
+        ("{}", 5, ("deadline", 5, 2)),
+        ("{target: 3}", 3, ("deadline", 3, 3)),
+        ("{target: 1}", 3, ("deadline", 3, 1)),
+        ("{target: 1, action: abort}", 2, ("deadline-abort", 2, 1)),
     ],
 )
-def test_a_deadline_run_is_simulated_as_the_deadline_policy_at_its_soft_target(
-    tmp_path: Path, deadline: str, hard: int, expected: tuple[str, int]
+def test_a_deadline_run_is_simulated_at_its_hard_bound_and_soft_target(
+    tmp_path: Path, deadline: str, hard: int, expected: tuple[str, int, int]
 ) -> None:
     (tmp_path / "config.yaml").write_text(
         f"rollout: {{staleness_policy: deadline, staleness: {hard}, deadline: {deadline},"
@@ -258,22 +260,7 @@ def test_a_deadline_run_is_simulated_as_the_deadline_policy_at_its_soft_target(
         "engine: {kind: local, replicas: 1, max_batch_size: 8}\nrun: {steps: 3}\n"
     )
     info = read_run_info(tmp_path)
-    assert (info.policy, info.staleness) == expected
-
-
-def test_a_deadline_run_the_simulator_cannot_model_is_refused_with_the_way_out(
-    tmp_path: Path,
-) -> None:
-    (tmp_path / "config.yaml").write_text(
-        "rollout: {staleness_policy: deadline, staleness: 3, deadline: {target: 1},"
-        " consumer_batch_size: 1, group_size: 2}\n"
-        "engine: {kind: local, replicas: 1, max_batch_size: 8}\nrun: {steps: 3}\n"
-    )
-    with pytest.raises(
-        ConfigError,
-        match=r"rollout.deadline.target=1 with rollout.staleness=3 and rollout.deadline.action=truncate: none",
-    ):
-        read_run_info(tmp_path)
+    assert (info.policy, info.staleness, info.target) == expected
 
 
 def test_a_contention_beyond_the_cap_is_capped_and_says_so(tmp_path: Path) -> None:

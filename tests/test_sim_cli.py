@@ -16,6 +16,7 @@ from stalebound.sim.replay import ReplaySource
 KEYS = {
     "policy",
     "staleness",
+    "target",
     "throughput",
     "bound",
     "efficiency",
@@ -49,6 +50,96 @@ def test_json_prints_one_object_per_policy_and_staleness(
         assert r["efficiency"] == pytest.approx(r["throughput"] / r["bound"])
     assert rows[3]["stuck_fraction"] is None  # no buffer, no head state
     assert rows[1]["violations"] == 0
+
+
+SIMULATE = ["simulate", "--preset", "small", "--steps", "3", "--json"]
+HARD_BOUND_NOTE = (
+    "stalebound simulate: --staleness is the hard bound η_h for every policy; under deadline "
+    "admission aims at the soft target η_s = η_h // 2 (--target). Before, --staleness N was their soft target with "
+    "η_h = 2N: write --staleness 2N --target N for that (or --soft-staleness N, for one more "
+    "release)\n"
+)
+
+
+def bounds(
+    capsys: pytest.CaptureFixture[str], *argv: str
+) -> tuple[list[tuple[str, int, int]], str]:
+    assert main([*SIMULATE, *argv]) == 0
+    out, err = capsys.readouterr()
+    rows = [json.loads(line) for line in out.splitlines()]
+    return [(r["policy"], r["staleness"], r["target"]) for r in rows], err
+
+
+def test_staleness_is_the_hard_bound_of_every_policy_and_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--policy", "capacity", "--policy", "deadline", "--policy", "deadline-tight"]
+    rows, err = bounds(capsys, *argv, "--staleness", "4", "5")
+    assert rows == [
+        ("capacity", 4, 4),
+        ("capacity", 5, 5),
+        ("deadline", 4, 2),
+        ("deadline", 5, 2),
+        ("deadline-tight", 4, 4),
+        ("deadline-tight", 5, 5),
+    ]
+    assert err == HARD_BOUND_NOTE
+    rows, err = bounds(capsys, "--policy", "deadline")  # the default bound, 4, changed meaning too
+    assert (rows, err) == ([("deadline", 4, 2)], HARD_BOUND_NOTE)
+    # a target given: nothing changed meaning, nothing to say
+    rows, err = bounds(capsys, "--policy", "deadline", "--staleness", "4", "--target", "1")
+    assert (rows, err) == ([("deadline", 4, 1)], "")
+    rows, err = bounds(capsys, "--policy", "buffer", "--staleness", "2")
+    assert (rows, err) == ([("buffer", 2, 2)], "")
+
+
+def test_the_former_meaning_runs_as_before_under_its_own_flag_with_a_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--policy", "capacity", "--policy", "deadline", "--policy", "deadline-tight"]
+    rows, err = bounds(capsys, *argv, "--soft-staleness", "2")
+    assert rows == [("capacity", 2, 2), ("deadline", 4, 2), ("deadline-tight", 2, 2)]
+    assert err == (
+        "stalebound simulate: --soft-staleness is the former meaning of --staleness and goes in "
+        "the next release; for the deadline policies write --staleness 2N --target N "
+        "(--staleness is the hard bound η_h, --target the soft target η_s)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--staleness", "4", "2", "--target", "3"],
+            "stalebound simulate: target=3: the soft admission target must be ≥ 0 and at most "
+            "every --staleness (the hard bound η_h, here 2); lower --target or raise --staleness\n",
+        ),
+        (
+            ["--soft-staleness", "2", "--target", "1"],
+            "stalebound simulate: target=1: --soft-staleness already sets the deadline policies' "
+            "target; give --staleness N --target M instead\n",
+        ),
+        (
+            ["--soft-staleness", "-1"],
+            "stalebound simulate: soft-staleness=-1: must be ≥ 0; 0 is synchronous training\n",
+        ),
+    ],
+)
+def test_bad_bounds_are_refused_naming_the_fix(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    assert main([*SIMULATE, "--policy", "deadline", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(message) and "Traceback" not in err
+
+
+def test_the_table_prints_both_bounds(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--preset", "small", "--steps", "3", "--policy", "deadline"]
+    assert main([*argv, "--staleness", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "η_h" in out and "η_s" in out
+    row = next(line for line in out.splitlines() if "deadline" in line)
+    assert [c.strip() for c in row.split("│")[1:4]] == ["deadline", "4", "2"]
 
 
 def test_table_and_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

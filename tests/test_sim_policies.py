@@ -230,7 +230,7 @@ def test_a_null_group_limit_means_the_runtime_default_when_the_workload_says_so(
     runtime = tail(batch={"runtime_default": True})
     slots = cluster.engine.replicas * cluster.engine.max_concurrency
     B = cluster.batch.groups
-    for policy, eta, expected in [("capacity", 2, B), ("buffer", 2, 3 * B), ("deadline", 1, 2 * B)]:
+    for policy, eta, expected in [("capacity", 2, B), ("buffer", 2, 3 * B), ("deadline", 2, 2 * B)]:
         spec = policy_spec(policy)
         assert coordinator_settings(cluster, spec, eta).max_concurrent == slots
         assert coordinator_settings(runtime, spec, eta).max_concurrent == expected, policy

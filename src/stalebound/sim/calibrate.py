@@ -91,6 +91,9 @@ class RunInfo:
 
     policy: str
     staleness: int
+    """The hard bound η_h (``rollout.staleness``)."""
+    target: int | None
+    """The soft target η_s of a ``deadline`` run; ``None`` for the other policies."""
     groups: int
     group_size: int
     steps: int
@@ -192,19 +195,18 @@ def _steps(run_dir: Path) -> list[dict[str, float]]:
     return steps
 
 
-def _deadline_spec(deadline: dict[str, Any], hard: int) -> tuple[str, int]:
-    """The simulator's deadline policy (one of :data:`POLICIES`) and its η — the soft target —
-    for a run's ``rollout.deadline`` section and hard bound."""
+def _deadline_spec(deadline: dict[str, Any], hard: int) -> tuple[str, int, int]:
+    """The simulator's deadline policy (one of :data:`POLICIES`), its soft target η_s and its
+    hard bound η_h for a run's ``rollout.deadline`` section and hard bound."""
     soft, hard = deadline_bounds(deadline.get("target"), hard)
     action = deadline.get("action", "truncate")
     for name in POLICIES:
         spec = policy_spec(name)
-        if (spec.kind, spec.deadline_action, soft * spec.hard_factor) == ("deadline", action, hard):
-            return name, soft
+        if (spec.kind, spec.deadline_action, spec.tight) == ("deadline", action, False):
+            return name, soft, hard
     raise ConfigError(
-        f"calibrate: rollout.deadline.target={soft} with rollout.staleness={hard} and "
-        f"rollout.deadline.action={action}: none of the simulator's deadline policies (η_h = 2·η_s, "
-        "or η_s with truncation) runs that; simulate the run's workload with --policy deadline "
+        f"calibrate: rollout.deadline.action={action!r}: none of the simulator's deadline "
+        "policies ends a group that way; simulate the run's workload with --policy deadline "
         "--staleness N instead"
     )
 
@@ -221,12 +223,14 @@ def read_run_info(run_dir: str | Path) -> RunInfo:
             policy = f"buffer+{method}"
         # runs written before the bound had one key store it under AReaL's name
         staleness = int(rollout.get("staleness", rollout.get(AREAL_STALENESS_NAME)))
+        target = None
         if policy == "deadline":
-            policy, staleness = _deadline_spec(rollout.get("deadline") or {}, staleness)
+            policy, target, staleness = _deadline_spec(rollout.get("deadline") or {}, staleness)
         local = engine.get("kind", "local") == "local"
         return RunInfo(
             policy=policy,
             staleness=staleness,
+            target=target,
             groups=int(rollout["consumer_batch_size"]),
             group_size=int(rollout["group_size"]),
             steps=int(run["steps"]),
@@ -605,10 +609,13 @@ def predict(
     *,
     policy: str | None = None,
     staleness: int | None = None,
+    target: int | None = None,
     steps: int | None = None,
     seed: int = 0,
 ) -> SimResult:
-    """Simulate the calibrated workload under ``policy`` and η (default: the run's own)."""
+    """Simulate the calibrated workload under ``policy`` at the hard bound ``staleness`` and
+    the soft target ``target`` (default: the run's own, when neither policy nor bound is
+    given; else the policy's default target)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="stalebound-calibrated-") as tmp:
@@ -618,6 +625,7 @@ def predict(
             cfg,
             cal.run.policy if policy is None else policy,
             cal.run.staleness if staleness is None else staleness,
+            target=cal.run.target if (policy, staleness, target) == (None, None, None) else target,
             seed=seed,
             steps=steps,
         )

@@ -18,7 +18,7 @@ from stalebound.core.errors import ConfigError, StaleboundError
 from stalebound.obs.trace import TraceHeader, TraceRecorder, TrajectoryRecord, read_trace
 from stalebound.sim.config import WorkloadConfig, list_presets, load_preset, load_workload
 from stalebound.sim.replay import ReplaySource, trace_means
-from stalebound.sim.simulator import POLICIES, SimResult, compute_bound, simulate
+from stalebound.sim.simulator import POLICIES, SimResult, compute_bound, policy_spec, simulate
 from stalebound.userfiles import label, writable_dir_problem, writable_file_problem
 
 __all__ = ["register", "run_simulations"]
@@ -65,13 +65,31 @@ def register(subparsers: Any) -> None:
         metavar="P",
         help=f"a policy to run (repeatable; default all): {', '.join(POLICIES)}",
     )
-    p.add_argument(
+    bound = p.add_mutually_exclusive_group()
+    bound.add_argument(
         "--staleness",
         type=int,
         nargs="+",
         default=None,
         metavar="N",
-        help="staleness bounds η to run (default 4); sync always runs at η = 0",
+        help="hard staleness bounds η_h to run (default 4); sync always runs at η_h = 0",
+    )
+    bound.add_argument(
+        "--soft-staleness",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="the former meaning of --staleness, for one more release: the deadline policies' "
+        "soft target η_s (deadline and deadline-abort at η_h = 2·η_s), the others' bound",
+    )
+    p.add_argument(
+        "--target",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the deadline policies' soft admission target η_s (default η_h // 2; η_h for "
+        "deadline-tight); at most every --staleness",
     )
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument(
@@ -100,11 +118,15 @@ def _main(args: argparse.Namespace) -> int:
             )
             if problem:
                 raise ConfigError(problem)
+        policies = args.policy or list(POLICIES)
+        etas, soft = _bounds(args, policies, [4])
         results = run_simulations(
             preset=args.preset,
             workload=args.workload,
-            policies=args.policy or list(POLICIES),
-            etas=args.staleness or [4],
+            policies=policies,
+            etas=etas,
+            target=args.target,
+            soft=soft,
             seed=args.seed,
             steps=args.steps,
             replay=args.replay,
@@ -141,16 +163,28 @@ def run_simulations(
     workload: str | None = None,
     policies: list[str],
     etas: list[int],
+    target: int | None = None,
+    soft: bool = False,
     seed: int = 0,
     steps: int | None = None,
     replay: str | None = None,
     record: str | None = None,
     timeline: bool = False,
 ) -> list[SimResult]:
-    """Run every (policy, η) pair; ``sync`` runs once, at η = 0."""
+    """Run every (policy, η_h) pair, at the soft target ``target`` for the deadline policies
+    (default: theirs); ``sync`` runs once, at η_h = 0. With ``soft``, ``etas`` are what
+    ``--staleness`` meant before it named the hard bound: the deadline policies' soft target
+    (η_h by their default pairing) and the others' bound."""
+    flag = "soft-staleness" if soft else "staleness"
     bad = [e for e in etas if e < 0]
     if bad:
-        raise ConfigError(f"staleness={bad[0]!r}: must be ≥ 0; 0 is synchronous training")
+        raise ConfigError(f"{flag}={bad[0]!r}: must be ≥ 0; 0 is synchronous training")
+    if target is not None and (target < 0 or target > min(etas, default=target)):
+        raise ConfigError(
+            f"target={target!r}: the soft admission target must be ≥ 0 and at most every "
+            f"--staleness (the hard bound η_h, here {min(etas)}); lower --target or raise "
+            "--staleness"
+        )
     if steps is not None and steps < 1:
         raise ConfigError(f"steps={steps!r}: must be ≥ 1 train steps")
     if record:
@@ -168,12 +202,16 @@ def run_simulations(
         _, records = read_trace(replay)
         tokens, tool, failed = trace_means(records)
         bound = compute_bound(cfg, attempt_tokens=tokens, attempt_tool=tool, failure_rate=failed)
-    pairs: list[tuple[str, int]] = []
+    pairs: list[tuple[str, int, int | None]] = []
     for policy in dict.fromkeys(policies):
+        spec = policy_spec(policy)
         for eta in [0] if policy == "sync" else list(dict.fromkeys(etas)):
-            pairs.append((policy, eta))
+            if soft:
+                pairs.append((policy, spec.hard_bound(eta), spec.target(eta, eta)))
+            else:
+                pairs.append((policy, eta, target))
     results: list[SimResult] = []
-    for i, (policy, eta) in enumerate(pairs):
+    for i, (policy, eta, soft_target) in enumerate(pairs):
         recorder = None
         if record and i == 0:
             header = TraceHeader(
@@ -193,6 +231,7 @@ def run_simulations(
                 cfg,
                 policy,
                 eta,
+                target=soft_target,
                 seed=seed,
                 steps=steps,
                 source=source,
@@ -205,6 +244,38 @@ def run_simulations(
                 recorder.close()
         results.append(result)
     return results
+
+
+def _bounds(
+    args: argparse.Namespace, policies: list[str], default: list[int]
+) -> tuple[list[int], bool]:
+    """The bounds asked for and whether they are in the former, soft meaning; warns (stderr)
+    where a run's meaning differs from what the same command meant before."""
+    if args.soft_staleness is not None:
+        if args.target is not None:
+            raise ConfigError(
+                f"target={args.target}: --soft-staleness already sets the deadline policies' "
+                "target; give "
+                "--staleness N --target M instead"
+            )
+        print(
+            "stalebound simulate: --soft-staleness is the former meaning of --staleness and goes "
+            "in the next release; for the deadline policies write --staleness 2N --target N "
+            "(--staleness is the hard bound η_h, --target the soft target η_s)",
+            file=sys.stderr,
+        )
+        return args.soft_staleness, True
+    halved = [p for p in policies if policy_spec(p).kind == "deadline" and not policy_spec(p).tight]
+    if args.target is None and halved:  # the default bound changed meaning too
+        print(
+            f"stalebound simulate: --staleness is the hard bound η_h for every policy; "
+            f"under {', '.join(halved)} admission aims at the soft target η_s = η_h // 2 "
+            "(--target). Before, "
+            "--staleness N was their soft target with η_h = 2N: write --staleness 2N --target N "
+            "for that (or --soft-staleness N, for one more release)",
+            file=sys.stderr,
+        )
+    return args.staleness or default, False
 
 
 def _fmt(x: float | None, digits: int = 2) -> str:
@@ -224,7 +295,8 @@ def _table(results: list[SimResult]) -> None:
     )
     for col in (
         "policy",
-        "η",
+        "η_h",
+        "η_s",
         "traj/s",
         "eff.",
         "trainer",
@@ -241,6 +313,7 @@ def _table(results: list[SimResult]) -> None:
         table.add_row(
             r.policy,
             str(r.staleness),
+            str(r.admission),
             _fmt(r.throughput),
             _fmt(r.efficiency, 3),
             _fmt(r.trainer_util),
@@ -272,11 +345,17 @@ def _calibrate_main(args: argparse.Namespace) -> int:
         written = cal_mod.write_workload(cal, out)
         rows = [_prediction(cal_mod, cal, d, args.seed) for d in [run_dir, *args.compare]]
         what_if: list[SimResult] = []
-        if args.policy or args.staleness:  # the same workload under other policies / bounds
+        if args.policy or args.staleness or args.soft_staleness or args.target is not None:
+            # the same workload under other policies / bounds
+            policies = args.policy or [cal.run.policy]
+            etas, soft = _bounds(args, policies, [cal.run.staleness])
+            own = args.target is None and etas == [cal.run.staleness] and not soft
             what_if = run_simulations(
                 workload=str(written),
-                policies=args.policy or [cal.run.policy],
-                etas=args.staleness or [cal.run.staleness],
+                policies=policies,
+                etas=etas,
+                target=cal.run.target if own and not args.policy else args.target,
+                soft=soft,
                 seed=args.seed,
                 steps=args.steps,
             )
@@ -301,13 +380,19 @@ def _prediction(cal_mod: Any, cal: Any, run_dir: str | Path, seed: int) -> dict[
     info = cal_mod.read_run_info(run_dir)
     measured = cal_mod.measure(run_dir, cal.workload.run.warmup_fraction)
     r = cal_mod.predict(
-        cal, policy=info.policy, staleness=info.staleness, steps=measured.steps, seed=seed
+        cal,
+        policy=info.policy,
+        staleness=info.staleness,
+        target=info.target,
+        steps=measured.steps,
+        seed=seed,
     )
     steps = r.steps - min(r.steps - 1, int(r.steps * cal.workload.run.warmup_fraction))
     return {
         "run": str(run_dir),
         "policy": info.policy,
         "staleness": info.staleness,
+        "target": r.admission,
         "predicted": {
             "trajectories_per_s": r.throughput,
             "trainer_idle": 1.0 - r.trainer_util,
@@ -348,7 +433,8 @@ def _print_calibration(cal: Any, written: Path, rows: list[dict[str, Any]]) -> N
     for col in (
         "run",
         "policy",
-        "η",
+        "η_h",
+        "η_s",
         "traj/s",
         "error",
         "trainer idle",
@@ -370,6 +456,7 @@ def _print_calibration(cal: Any, written: Path, rows: list[dict[str, Any]]) -> N
             Path(row["run"]).name,
             row["policy"],
             str(row["staleness"]),
+            str(row["target"]),
             tps,
             f"{p['trajectories_per_s'] / m['trajectories_per_s'] - 1:+.1%}",
             f"{p['trainer_idle']:.3f} / {m['trainer_idle']:.3f}",
@@ -380,4 +467,4 @@ def _print_calibration(cal: Any, written: Path, rows: list[dict[str, Any]]) -> N
         )
     console.print(table)
     if base is not None and len(rows) > 1:
-        console.print("(×k: speed-up over the η = 0 run, predicted / measured)")
+        console.print("(×k: speed-up over the η_h = 0 run, predicted / measured)")

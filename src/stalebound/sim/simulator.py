@@ -40,7 +40,12 @@ from stalebound.core import (
     MemberId,
 )
 from stalebound.core.coordinator import Coordinator
-from stalebound.core.deadline import DEFAULT_GRACE_STEPS, DEFAULT_SLACK, default_margin
+from stalebound.core.deadline import (
+    DEFAULT_GRACE_STEPS,
+    DEFAULT_SLACK,
+    deadline_bounds,
+    default_margin,
+)
 from stalebound.core.events import (
     AbortGroup,
     AbortRequest,
@@ -127,9 +132,27 @@ class PolicySpec:
     redundancy: bool = False
     filter: str | None = None
     synchronous: bool = False
-    hard_factor: int = 1
-    """``deadline`` kinds: the hard bound η_h is this many times η (η is the soft target η_s)."""
+    tight: bool = False
+    """``deadline`` kinds: the soft target η_s defaults to the hard bound η_h itself, not to
+    ``η_h // 2``."""
     deadline_action: str = "truncate"
+
+    def target(self, staleness: int, target: int | None = None) -> int | None:
+        """The soft admission target η_s at the hard bound ``staleness`` (η_h): ``target`` when
+        given, else ``η_h // 2`` (``η_h`` when :attr:`tight`); ``None`` outside ``deadline``."""
+        if self.kind != "deadline":
+            return None
+        soft, _ = deadline_bounds(
+            target if target is not None or not self.tight else staleness, staleness
+        )
+        return soft
+
+    def hard_bound(self, soft: int) -> int:
+        """The hard bound η_h that pairs with the soft target ``soft`` by default: what
+        ``--staleness`` meant for the ``deadline`` kinds before it named the hard bound."""
+        if self.kind != "deadline" or self.tight:
+            return soft
+        return deadline_bounds(soft, None)[1]
 
 
 def policy_spec(name: str) -> PolicySpec:
@@ -142,11 +165,9 @@ def policy_spec(name: str) -> PolicySpec:
         "buffer+redundancy": PolicySpec("buffer+redundancy", "buffer", redundancy=True),
         "buffer+retry": PolicySpec("buffer+retry", "buffer", filter="retry"),
         "buffer+truncate": PolicySpec("buffer+truncate", "buffer", filter="truncate"),
-        "deadline": PolicySpec("deadline", "deadline", hard_factor=2),
-        "deadline-tight": PolicySpec("deadline-tight", "deadline"),
-        "deadline-abort": PolicySpec(
-            "deadline-abort", "deadline", hard_factor=2, deadline_action="abort"
-        ),
+        "deadline": PolicySpec("deadline", "deadline"),
+        "deadline-tight": PolicySpec("deadline-tight", "deadline", tight=True),
+        "deadline-abort": PolicySpec("deadline-abort", "deadline", deadline_action="abort"),
     }
     if name not in specs:
         raise ConfigError(f"policy={name!r}: unknown policy; use one of {', '.join(POLICIES)}")
@@ -237,6 +258,14 @@ class SimResult:
     """Each measured step's wait: from the trainer asking for the batch (the end of the step
     before) to its training starting (hand-over included), as ``wait_s`` in a real run's
     metrics."""
+    target: int | None = None
+    """The soft admission target η_s of the ``deadline`` kinds (``staleness`` is the hard bound
+    η_h); ``None`` for the others, which admit at the bound itself."""
+
+    @property
+    def admission(self) -> int:
+        """η_s: the staleness admission aims at (the target, else the bound itself)."""
+        return self.staleness if self.target is None else self.target
 
     @property
     def efficiency(self) -> float:
@@ -255,6 +284,7 @@ class SimResult:
         return {
             "policy": self.policy,
             "staleness": self.staleness,
+            "target": self.admission,
             "throughput": self.throughput,
             "bound": self.bound.value,
             "efficiency": self.efficiency,
@@ -544,10 +574,12 @@ class TrainerModel:
 
 
 def coordinator_settings(
-    cfg: WorkloadConfig, spec: PolicySpec, staleness: int
+    cfg: WorkloadConfig, spec: PolicySpec, staleness: int, target: int | None = None
 ) -> CoordinatorSettings:
-    """The coordinator's settings for one policy on a workload: what ``stalebound train`` would
-    run with the matching ``rollout`` section.
+    """The coordinator's settings for one policy on a workload at the hard bound ``staleness``
+    (η_h) and, for the ``deadline`` kinds, the soft target ``target`` (η_s; ``None``: the
+    policy's default, :meth:`PolicySpec.target`): what ``stalebound train`` would run with the
+    matching ``rollout`` section.
 
     ``batch.max_concurrent_groups`` is ``max_concurrent_rollouts``; without it the engine slots are
     the only limit (a running group holds at least one slot, so the group limit never binds).
@@ -558,8 +590,8 @@ def coordinator_settings(
     buffer_size = math.ceil(B * cfg.redundancy.batch_factor) if spec.redundancy else B
     p = cfg.proactive
     deadline = spec.kind == "deadline"
-    hard = staleness * spec.hard_factor if deadline else staleness
-    soft = staleness if deadline else None
+    hard = staleness
+    soft = spec.target(staleness, target)
     max_groups = cfg.batch.max_concurrent_groups or slots
     if cfg.batch.max_concurrent_groups is None and cfg.batch.runtime_default:
         max_groups = default_max_concurrent(spec.kind, hard, soft, B, buffer_size)
@@ -569,7 +601,7 @@ def coordinator_settings(
         soft_staleness=soft,
         deadline_slack=DEFAULT_SLACK,
         deadline_action=spec.deadline_action,
-        admission_margin=default_margin(staleness) if deadline else 0,
+        admission_margin=default_margin(soft) if soft is not None else 0,
         deadline_grace_steps=DEFAULT_GRACE_STEPS if deadline else None,
         batch_size=B,
         buffer_size=buffer_size,
@@ -591,7 +623,9 @@ def coordinator_settings(
 
 
 class Simulation:
-    """One policy at one η on one workload (see the module docstring).
+    """One policy at the hard bound ``staleness`` (η_h) on one workload (see the module
+    docstring); ``target`` is the ``deadline`` kinds' soft target η_s (default: ``η_h // 2``, or
+    η_h for ``deadline-tight``).
 
     ``source`` hands out the trajectories (default: drawn from the workload with ``seed``);
     ``settings`` replaces the coordinator settings derived from the workload
@@ -606,6 +640,7 @@ class Simulation:
         policy: str,
         staleness: int,
         *,
+        target: int | None = None,
         seed: int = 0,
         steps: int | None = None,
         source: TrajectorySource | None = None,
@@ -626,7 +661,7 @@ class Simulation:
             raise ConfigError(f"steps={self.steps!r}: must be ≥ 1 train steps")
         if prompts is not None and (not isinstance(prompts, int) or prompts < 1):
             raise ConfigError(f"prompts={prompts!r}: must be an integer ≥ 1, or None (endless)")
-        self.settings = settings or coordinator_settings(cfg, self.spec, self.eta)
+        self.settings = settings or coordinator_settings(cfg, self.spec, self.eta, target)
         self.launch = self.settings.group_redundancy
         self.coordinator = Coordinator(build_policy(self.settings), self.settings)
         self.buffer = self.coordinator.buffer  # read for the STUCK metrics, never changed here
@@ -1166,6 +1201,7 @@ class Simulation:
             timeline=self.timeline,
             engine_idle=engine_idle,
             trainer_waits=self.trainer.waits[self._warmup :],
+            target=self.settings.soft_staleness,
         )
 
     def conservation(self) -> dict[str, int]:
@@ -1192,6 +1228,7 @@ def simulate(
     policy: str,
     staleness: int,
     *,
+    target: int | None = None,
     seed: int = 0,
     steps: int | None = None,
     source: TrajectorySource | None = None,
@@ -1204,6 +1241,7 @@ def simulate(
         cfg,
         policy,
         staleness,
+        target=target,
         seed=seed,
         steps=steps,
         source=source,

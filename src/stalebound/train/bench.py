@@ -25,6 +25,7 @@ from stalebound.config import (
     load_config,
     parse_cli_overrides,
 )
+from stalebound.core.deadline import deadline_bounds
 from stalebound.core.errors import ConfigError
 from stalebound.obs.records import load_run
 from stalebound.train.preflight import default_run_dir
@@ -33,32 +34,38 @@ from stalebound.train.recipe import run_training
 __all__ = ["main", "run_bench"]
 
 HELP = """usage: stalebound bench [CONFIG.yaml ...] [key=value ...] [--staleness 0 1 2 4]
-                        [--policy buffer capacity deadline] [--json]
+                        [--target N] [--policy buffer capacity deadline] [--json]
 
 Trains the same workload once per staleness bound (and per policy, side by side) and prints time
 to the target reward (run.target_reward), trajectories/s, trainer and engine idle fractions, final
 reward, mean and max staleness, violations, truncated and wasted fractions. --staleness is the
-admission bound: rollout.staleness for buffer and capacity; for deadline the soft target
-rollout.deadline.target, with the hard bound rollout.staleness at twice it. The workload is the
-train recipe plus configs/bench.yaml: rewards from a verifier with a heavy-tailed latency
+hard bound η_h (rollout.staleness) for every policy; --target is the deadline policy's soft
+admission target η_s (rollout.deadline.target, default η_h // 2). --soft-staleness N keeps the
+former meaning of --staleness for one more release (deadline at η_s = N, η_h = 2N). The workload
+is the train recipe plus configs/bench.yaml: rewards from a verifier with a heavy-tailed latency
 (task.reward_latency.distribution=none turns it off)."""
 
 Policy = Literal["buffer", "capacity", "deadline"]
 POLICIES: tuple[Policy, ...] = get_args(Policy)
 
 
-def policy_config(base: StaleboundConfig, policy: str, eta: int, run_dir: Path) -> StaleboundConfig:
-    """``base`` run under ``policy`` at admission bound ``eta`` (for ``deadline``: the soft
-    target η_s = ``eta`` and the hard bound η_h = 2·``eta``), written to ``run_dir``."""
+def policy_config(
+    base: StaleboundConfig, policy: str, eta: int, run_dir: Path, *, soft: bool = False
+) -> StaleboundConfig:
+    """``base`` run under ``policy`` at the hard bound η_h = ``eta`` (``deadline`` at the
+    config's soft target, by default η_h // 2), written to ``run_dir``. With ``soft``, ``eta``
+    has the former meaning of ``--staleness``: for ``deadline`` the soft target η_s, with the
+    hard bound η_h = 2·``eta``."""
     name = next((p for p in POLICIES if p == policy), None)
     if name is None:
         raise ConfigError(f"policy={policy!r}: not a staleness policy; use one of {POLICIES}")
     rollout = dataclasses.replace(base.rollout, staleness_policy=name, staleness=eta)
-    if policy == "deadline":
+    if policy == "deadline" and soft:
+        soft_target, hard = deadline_bounds(eta, None)
         rollout = dataclasses.replace(
             rollout,
-            staleness=2 * eta,
-            deadline=dataclasses.replace(rollout.deadline, target=eta),
+            staleness=hard,
+            deadline=dataclasses.replace(rollout.deadline, target=soft_target),
         )
     return dataclasses.replace(
         base,
@@ -95,22 +102,30 @@ def run_bench(
     staleness: Sequence[int],
     out_dir: Path,
     policies: Sequence[str] | None = None,
+    *,
+    soft: bool = False,
 ) -> list[dict[str, object]]:
-    """One run per policy and bound (the config's policy alone when ``policies`` is ``None``),
-    each in ``out_dir/eta{η}`` (one policy) or ``out_dir/{policy}-eta{η}`` (several)."""
+    """One run per policy and hard bound (the config's policy alone when ``policies`` is
+    ``None``), each in ``out_dir/eta{η}`` (one policy) or ``out_dir/{policy}-eta{η}`` (several);
+    with ``soft``, the bounds have the former meaning (:func:`policy_config`)."""
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115 - closed with the process
     names = [base.rollout.staleness_policy] if policies is None else list(policies)
     runs: list[dict[str, object]] = []
     for policy in names:
         for eta in staleness:
             where = out_dir / (f"eta{eta}" if len(names) == 1 else f"{policy}-eta{eta}")
-            cfg = policy_config(base, policy, eta, where)
+            cfg = policy_config(base, policy, eta, where, soft=soft)
             r = run_training(cfg, console=quiet)
+            hard = cfg.rollout.staleness
             runs.append(
                 {
-                    "staleness": eta,
+                    "staleness": hard,
+                    "target": (
+                        deadline_bounds(cfg.rollout.deadline.target, hard)[0]
+                        if policy == "deadline"
+                        else hard
+                    ),
                     "policy": r.policy,
-                    "hard_bound": None if policy == "capacity" else cfg.rollout.staleness,
                     "time_to_target_s": r.time_to_target_s,
                     "trajectories_per_s": r.trajectories_per_s,
                     "final_reward": r.reward_last,
@@ -130,7 +145,8 @@ def run_bench(
 def _table(runs: list[dict[str, object]], target: float) -> Table:
     t = Table(title=f"stalebound bench: time to training reward ≥ {target}")
     for col in (
-        "η",
+        "η_h",
+        "η_s",
         "policy",
         "time to target (s)",
         "speed-up",
@@ -160,6 +176,7 @@ def _table(runs: list[dict[str, object]], target: float) -> Table:
         speed = f"{sync / ttt:.2f}×" if isinstance(sync, float) and isinstance(ttt, float) else "–"
         t.add_row(
             str(r["staleness"]),
+            str(r["target"]),
             str(r["policy"]),
             f"{ttt:.1f}" if isinstance(ttt, float) else "not reached",
             speed,
@@ -176,6 +193,53 @@ def _table(runs: list[dict[str, object]], target: float) -> Table:
     return t
 
 
+def _ints(args: list[str], flag: str) -> tuple[list[int] | None, list[str]]:
+    """The integers after ``flag`` (``None`` when it is absent) and the other arguments."""
+    if flag not in args:
+        return None, args
+    i = args.index(flag)
+    j = i + 1
+    while j < len(args) and args[j].isdigit():
+        j += 1
+    if j == i + 1:
+        raise ConfigError(f"{flag} needs integers, e.g. {flag} 0 2")
+    return [int(a) for a in args[i + 1 : j]], args[:i] + args[j:]
+
+
+SOFT_NOTE = (
+    "stalebound bench: --soft-staleness is the former meaning of --staleness and goes in the next "
+    "release; for deadline write --staleness 2N --target N (--staleness is the hard bound η_h, "
+    "--target the soft target η_s)"
+)
+HARD_NOTE = (
+    "stalebound bench: --staleness is the hard bound η_h for every policy; under deadline "
+    "admission aims at the soft target η_s = η_h // 2 (--target). Before, --staleness N was its "
+    "soft target with η_h = 2N: write --staleness 2N --target N for that (or --soft-staleness N, "
+    "for one more release)"
+)
+
+
+def _bounds(
+    args: list[str],
+) -> tuple[list[int], int | None, bool, list[str]]:
+    """``--staleness`` / ``--soft-staleness`` and ``--target``: the bounds, the target, whether
+    the bounds have the former (soft) meaning, and the other arguments."""
+    hard, args = _ints(args, "--staleness")
+    soft, args = _ints(args, "--soft-staleness")
+    target, args = _ints(args, "--target")
+    if hard is not None and soft is not None:
+        raise ConfigError(
+            "--soft-staleness: the former spelling of --staleness, not to be given with it; "
+            "give --staleness N --target M"
+        )
+    if target is not None and (len(target) != 1 or soft is not None):
+        raise ConfigError(
+            f"--target {' '.join(map(str, target))}: one soft target η_s, with --staleness "
+            "(--soft-staleness sets its own); e.g. --staleness 4 --target 2"
+        )
+    return (soft or hard or [0, 1, 2, 4]), (target[0] if target else None), soft is not None, args
+
+
 def main(argv: Sequence[str]) -> int:
     args = list(argv)
     if any(a in ("-h", "--help") for a in args):
@@ -183,21 +247,11 @@ def main(argv: Sequence[str]) -> int:
         return 0
     as_json = "--json" in args
     args = [a for a in args if a != "--json"]
-    staleness = [0, 1, 2, 4]
-    if "--staleness" in args:
-        i = args.index("--staleness")
-        values = []
-        j = i + 1
-        while j < len(args) and args[j].isdigit():
-            values.append(int(args[j]))
-            j += 1
-        if not values:
-            print(
-                "stalebound bench: --staleness needs integers, e.g. --staleness 0 2",
-                file=sys.stderr,
-            )
-            return 2
-        staleness, args = values, args[:i] + args[j:]
+    try:
+        staleness, target, soft, args = _bounds(args)
+    except ConfigError as e:
+        print(f"stalebound bench: {e}", file=sys.stderr)
+        return 2
     policies: list[str] | None = None
     if "--policy" in args:
         i = args.index("--policy")
@@ -222,16 +276,27 @@ def main(argv: Sequence[str]) -> int:
         policies, args = args[i + 1 : j], args[:i] + args[j:]
     try:
         paths, overrides = parse_cli_overrides(args)
+        if target is not None:
+            overrides = [*overrides, f"rollout.deadline.target={target}"]
         cfg = load_config([TRAIN_RECIPE, BENCH_RECIPE, *paths], overrides)
+        deadline = "deadline" in (policies or [cfg.rollout.staleness_policy])
+        if deadline and not soft:
+            for eta in staleness:  # each run's pair, before any run writes anything
+                deadline_bounds(cfg.rollout.deadline.target, eta)
     except ConfigError as e:
         print(f"stalebound bench: {e}", file=sys.stderr)
         return 2
+    if deadline:
+        if soft:
+            print(SOFT_NOTE, file=sys.stderr)
+        elif cfg.rollout.deadline.target is None:
+            print(HARD_NOTE, file=sys.stderr)
     out = (
         Path(cfg.run.run_dir)
         if cfg.run.run_dir
         else default_run_dir().with_name("bench-" + default_run_dir().name)
     )
-    runs = run_bench(cfg, staleness, out, policies)
+    runs = run_bench(cfg, staleness, out, policies, soft=soft)
     (out / "bench.json").write_text(json.dumps({"runs": runs}, indent=2))
     if as_json:
         print(json.dumps({"runs": runs}))

@@ -1,0 +1,107 @@
+"""``stalebound bench``'s command line: what ``--staleness``, ``--target`` and
+``--soft-staleness`` ask for, the warnings where a meaning changed, and the refusals (the runs
+themselves are tested in test_bench.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stalebound.cli import main
+from stalebound.config import load_config
+from stalebound.train import bench
+
+
+@pytest.fixture
+def planned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, Any]]:
+    """What ``stalebound bench`` would run: ``run_bench``'s arguments, the runs themselves
+    skipped (the runs are tested above)."""
+    calls: list[dict[str, Any]] = []
+
+    def plan(base: Any, staleness: Any, out: Path, policies: Any, *, soft: bool) -> list[Any]:
+        out.mkdir(parents=True)  # where the runs would have gone
+        calls.append(
+            {"staleness": list(staleness), "policies": policies, "soft": soft, "base": base}
+        )
+        return []
+
+    monkeypatch.setattr(bench, "run_bench", plan)
+    monkeypatch.chdir(tmp_path)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("flags", "staleness", "target", "soft", "note"),
+    [
+        (["--staleness", "4", "5"], [4, 5], None, False, bench.HARD_NOTE),
+        ([], [0, 1, 2, 4], None, False, bench.HARD_NOTE),
+        (["--staleness", "4", "--target", "1"], [4], 1, False, ""),
+        (["--staleness", "4", "rollout.deadline.target=3"], [4], 3, False, ""),
+        (["--soft-staleness", "1", "2"], [1, 2], None, True, bench.SOFT_NOTE),
+        (["--policy", "buffer", "--staleness", "2"], [2], None, False, ""),
+    ],
+)
+def test_bench_reads_staleness_as_the_hard_bound_and_says_so_where_that_changed(
+    planned: list[dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    staleness: list[int],
+    target: int | None,
+    soft: bool,
+    note: str,
+) -> None:
+    assert main(["bench", *flags, "--json"]) == 0
+    [call] = planned
+    assert (call["staleness"], call["soft"]) == (staleness, soft)
+    assert call["base"].rollout.deadline.target == target
+    assert capsys.readouterr().err == (note + "\n" if note else "")
+
+
+def test_bench_policy_config_pairs_the_bounds(tmp_path: Path) -> None:
+    base = load_config([])
+    hard = bench.policy_config(base, "deadline", 4, tmp_path)
+    assert (hard.rollout.staleness, hard.rollout.deadline.target) == (4, None)
+    former = bench.policy_config(base, "deadline", 2, tmp_path, soft=True)
+    assert (former.rollout.staleness, former.rollout.deadline.target) == (4, 2)
+    capacity = bench.policy_config(base, "capacity", 2, tmp_path, soft=True)
+    assert capacity.rollout.staleness == 2
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--staleness", "2", "4", "--target", "3"],
+            "stalebound bench: rollout.deadline.target=3: the soft admission target must be ≤ "
+            "the hard bound rollout.staleness=2; raise rollout.staleness to at least 3 (twice the "
+            "target is the measured default) or lower the target\n",
+        ),
+        (
+            ["--staleness", "2", "--soft-staleness", "1"],
+            "stalebound bench: --soft-staleness: the former spelling of --staleness, not to be "
+            "given with it; give --staleness N --target M\n",
+        ),
+        (
+            ["--soft-staleness", "2", "--target", "1"],
+            "stalebound bench: --target 1: one soft target η_s, with --staleness "
+            "(--soft-staleness sets its own); e.g. --staleness 4 --target 2\n",
+        ),
+        (
+            ["--target", "1", "2"],
+            "stalebound bench: --target 1 2: one soft target η_s, with --staleness "
+            "(--soft-staleness sets its own); e.g. --staleness 4 --target 2\n",
+        ),
+    ],
+)
+def test_bench_refuses_bounds_that_do_not_pair_before_writing_anything(
+    planned: list[dict[str, Any]],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    flags: list[str],
+    message: str,
+) -> None:
+    assert main(["bench", *flags, "--json"]) == 2
+    assert capsys.readouterr().err == message
+    assert planned == [] and list(tmp_path.iterdir()) == []
