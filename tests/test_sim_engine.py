@@ -10,22 +10,22 @@ from stalebound.sim.engine import EventQueue, Replica
 
 def test_events_pop_in_time_then_schedule_order() -> None:
     q = EventQueue()
-    q.schedule(2.0, 0, "late")
-    q.schedule(1.0, 0, "first")
-    q.schedule(1.0, 0, "second")  # same time: scheduled later, runs later
+    q.schedule(2.0, "late")
+    q.schedule(1.0, "first")
+    q.schedule(1.0, "second")  # same time: scheduled later, runs later
     order = []
     while (event := q.pop()) is not None:
-        order.append((event[0], event[3]))
+        order.append((q.now, event))
     assert order == [(1.0, "first"), (1.0, "second"), (2.0, "late")]
     assert q.now == 2.0
 
 
 def test_scheduling_into_the_past_is_refused() -> None:
     q = EventQueue()
-    q.schedule(5.0, 0)
+    q.schedule(5.0, "due")
     q.pop()
     with pytest.raises(InvariantError, match="before the clock"):
-        q.schedule(4.0, 0)
+        q.schedule(4.0, "late")
 
 
 def test_replica_finish_times_follow_the_step_time_model() -> None:

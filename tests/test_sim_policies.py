@@ -58,7 +58,7 @@ class RecordingQueue(EventQueue):
     def pop(self) -> Any:
         event = super().pop()
         if event is not None:
-            self.times.append(event[0])
+            self.times.append(self.now)
         return event
 
 

@@ -1,8 +1,5 @@
-"""The discrete-event engine and the batched inference-replica model.
-
-:class:`EventQueue` is a heap of events ordered by (time, sequence number): events at the same time
-run in the order they were scheduled, so a run is a pure function of its inputs and seed. Its clock
-only moves forward; scheduling into the past raises :class:`InvariantError`.
+"""The batched inference-replica model (and, for older imports, the clock's
+:class:`~stalebound.sim.clock.EventQueue`).
 
 :class:`Replica` models continuous batching without one event per token. All active sequences of a
 replica advance together, one token per decode step, and a step takes ``a + b × active`` seconds.
@@ -30,40 +27,9 @@ import heapq
 from collections import deque
 from typing import Any
 
-from stalebound.core.errors import InvariantError
+from stalebound.sim.clock import EventQueue
 
 __all__ = ["EventQueue", "Replica", "Sequence"]
-
-
-class EventQueue:
-    """A virtual clock and a heap of ``(time, seq, kind, a, b)`` events."""
-
-    __slots__ = ("_heap", "_seq", "now", "processed")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, int, Any, Any]] = []
-        self._seq = 0
-        self.now = 0.0
-        self.processed = 0
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def schedule(self, time: float, kind: int, a: Any = None, b: Any = None) -> None:
-        """Schedule an event of ``kind`` with arguments ``a`` and ``b`` at ``time`` (≥ now)."""
-        if time < self.now:
-            raise InvariantError(f"event {kind} scheduled at {time} before the clock {self.now}")
-        self._seq += 1
-        heapq.heappush(self._heap, (time, self._seq, kind, a, b))
-
-    def pop(self) -> tuple[float, int, int, Any, Any] | None:
-        """The next event, advancing the clock to its time; ``None`` when the heap is empty."""
-        if not self._heap:
-            return None
-        event = heapq.heappop(self._heap)
-        self.now = event[0]
-        self.processed += 1
-        return event
 
 
 class Sequence:
