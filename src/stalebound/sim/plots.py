@@ -58,14 +58,21 @@ def _eta(plt: Any, results: list[SimResult], path: Path) -> Path:
     if results:
         ax1.axhline(results[0].bound.value, color="black", lw=1, label="bound")
     ax2.axhline(1.0, color="black", lw=1)
-    ax1.set(xlabel="staleness bound η", ylabel="trajectories trained / s", title="throughput")
-    ax2.set(xlabel="staleness bound η", ylabel="throughput ÷ bound", title="efficiency")
+    ax1.set(
+        xlabel="hard staleness bound η_h", ylabel="trajectories trained / s", title="throughput"
+    )
+    ax2.set(xlabel="hard staleness bound η_h", ylabel="throughput ÷ bound", title="efficiency")
     for ax in (ax1, ax2):
         ax.set_xscale("symlog", linthresh=1)
         ax.set_xticks(etas)
         ax.set_xticklabels([str(e) for e in etas])
         ax.grid(alpha=0.3)
     ax2.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` and free it."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -91,7 +98,7 @@ def _pareto(plt: Any, results: list[SimResult], path: Path) -> Path:
             (line,) = ax.plot(xs, ys, marker="o", label=policy)
             for x, y, r in zip(xs, ys, rs, strict=True):
                 ax.annotate(
-                    f"η={r.staleness}", (x, y), textcoords="offset points", xytext=(4, 4),
+                    f"η_h={r.staleness}", (x, y), textcoords="offset points", xytext=(4, 4),
                     fontsize=7, color=line.get_color(),
                 )  # fmt: skip
     axes[0].set(xlabel="mean staleness of trained trajectories", ylabel="trajectories trained / s")
@@ -100,10 +107,7 @@ def _pareto(plt: Any, results: list[SimResult], path: Path) -> Path:
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _histogram(plt: Any, results: list[SimResult], path: Path) -> Path:
@@ -118,15 +122,12 @@ def _histogram(plt: Any, results: list[SimResult], path: Path) -> Path:
             [x + i * width for x in xs],
             [r.staleness_histogram[x] / total for x in xs],
             width=width,
-            label=f"{r.policy} (η={r.staleness})",
+            label=f"{r.policy} (η_h={r.staleness})",
         )
-    ax.axvline(top + 0.9, color="red", ls="--", lw=1, label=f"η = {top}")
+    ax.axvline(top + 0.9, color="red", ls="--", lw=1, label=f"η_h = {top}")
     ax.set(xlabel="staleness of trained trajectories", ylabel="fraction", title="staleness")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _timeline(plt: Any, results: list[SimResult], path: Path) -> Path:
@@ -148,11 +149,8 @@ def _timeline(plt: Any, results: list[SimResult], path: Path) -> Path:
             if t1 > t0:
                 ax.broken_barh([(t0, t1 - t0)], (row - 0.4, 0.8), color=colors[state])
     ax.set_yticks(range(len(chosen)))
-    ax.set_yticklabels([f"{r.policy} η={r.staleness}" for r in chosen], fontsize=8)
+    ax.set_yticklabels([f"{r.policy} η_h={r.staleness}" for r in chosen], fontsize=8)
     ax.set_xlim(0, end or 1)
     ax.set_xlabel("virtual time (s)")
     ax.set_title("head buffer state: " + ", ".join(f"{s} = {c[4:]}" for s, c in colors.items()))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)

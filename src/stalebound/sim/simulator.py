@@ -569,29 +569,6 @@ class Simulation:
         return self.fleet.conservation(self.settings.group_size)
 
 
-def simulate(
-    cfg: WorkloadConfig,
-    policy: str,
-    staleness: int,
-    *,
-    target: int | None = None,
-    seed: int = 0,
-    steps: int | None = None,
-    source: TrajectorySource | None = None,
-    recorder: TraceRecorder | None = None,
-    record_timeline: bool = False,
-    bound: Bound | None = None,
-) -> SimResult:
-    """Run one :class:`Simulation` and return its :class:`SimResult`."""
-    return Simulation(
-        cfg,
-        policy,
-        staleness,
-        target=target,
-        seed=seed,
-        steps=steps,
-        source=source,
-        recorder=recorder,
-        record_timeline=record_timeline,
-        bound=bound,
-    ).run()
+def simulate(cfg: WorkloadConfig, policy: str, staleness: int, **options: Any) -> SimResult:
+    """Run one :class:`Simulation` (same arguments) and return its :class:`SimResult`."""
+    return Simulation(cfg, policy, staleness, **options).run()
