@@ -360,7 +360,9 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("argv", [["train", "run.live=false"], ["bench", "--staleness", "1"]])
+@pytest.mark.parametrize(
+    "argv", [["train", "run.live=false"], ["bench", "--staleness", "2", "--target", "1"]]
+)
 def test_a_command_that_needs_torch_names_the_extra_to_install(
     argv: list[str], tmp_path: Path
 ) -> None:

@@ -336,6 +336,7 @@ def test_command_lines_split_or_raise_a_clear_config_error(argv: list[str]) -> N
 @settings(SETTINGS, max_examples=80)
 @given(yaml_texts)
 @example("x: " + "[" * 3000 + "]" * 3000 + "\n")  # slow (2 s), so an example, not a draw
+@example("?")  # an empty key: YAML reads it as null
 def test_yaml_files_load_or_raise_a_clear_config_error(text: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "hostile.yaml"

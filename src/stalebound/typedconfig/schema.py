@@ -245,8 +245,12 @@ def _flatten(
             if _full(problems):
                 continue
             where = dotted((*prefix, show(key)))
+            # YAML reads an empty key (a lone "?", "~" or "null") as null: say so, or the
+            # user cannot find in the file what the message names
+            empty = ' (YAML reads an empty key, "?", "~" or null, as null)' if key is None else ""
             problems.append(
-                f'{where}={show(value, 80)}: keys must be strings; quote the key: "{show(key)}"'
+                f"{where}={show(value, 80)}: keys must be strings{empty}; quote the key: "
+                f'"{show(key)}"'
             )
             continue
         parts = tuple(key.split("."))
