@@ -44,7 +44,9 @@ from stalebound.core.events import (
     BatchWanted,
     CancelTimer,
     Dispatch,
+    EvaluateGroup,
     Event,
+    GroupEvaluated,
     HandOverBatch,
     LaunchMember,
     MemberFailed,
@@ -60,6 +62,7 @@ from stalebound.core.events import (
     VersionPublished,
     Wake,
 )
+from stalebound.core.filters import evaluate_group
 from stalebound.core.settings import CoordinatorSettings, build_policy, resolve_settings
 from stalebound.runtime import WorkflowExecutor
 from stalebound.sim.config import workload_from_dict
@@ -227,6 +230,8 @@ def _comparable(item: Any) -> Any:
         return replace(item, groups=groups)
     if isinstance(item, Submitted):
         return replace(item, accept=None)
+    if isinstance(item, EvaluateGroup):
+        return replace(item, results=())
     return item
 
 
@@ -317,6 +322,8 @@ def run_coordinator(sc: Scenario) -> World:
                 at(now + sc.step_time, "trained", a.version)
             elif isinstance(a, Wake):
                 state["wake"] = True
+            elif isinstance(a, EvaluateGroup):
+                feed(evaluate_group(a, now))
 
     def after() -> None:
         now = state["now"]
@@ -493,8 +500,8 @@ def run_executor(sc: Scenario, world: World) -> Log:
                 if event.sample == 0:  # all of them, in one hop: one dispatch takes them in
                     ex._call(submit_all)
                 continue
-            if isinstance(event, Dispatch):
-                continue  # the executor's dispatcher does that by itself
+            if isinstance(event, Dispatch | GroupEvaluated):
+                continue  # the executor's dispatcher, and its filters, do that by themselves
             if isinstance(event, BatchWanted):
                 if asks:
                     asks = False

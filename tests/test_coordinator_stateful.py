@@ -28,7 +28,7 @@ from stalebound.core import (
     build_policy,
 )
 from stalebound.core import events as ev
-from stalebound.core.filters import get_group_post_process
+from stalebound.core.filters import evaluate_group, get_group_post_process
 
 
 class CoordinatorMachine(RuleBasedStateMachine):
@@ -90,6 +90,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
     def send(self, event: ev.Event) -> list[ev.Action]:
         actions = self.coord.handle(event)
+        verdicts = []  # the driver runs a completed group's filters and answers at once
         for a in actions:
             if isinstance(a, ev.StartGroup):
                 assert a.group_id not in self.group_of, f"group {a.group_id} started twice"
@@ -123,7 +124,10 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 self.timers.pop(a.timer, None)
             elif isinstance(a, ev.Stop):
                 self.stopped = True
-        return actions
+            elif isinstance(a, ev.EvaluateGroup):
+                assert a is actions[-1], "a group's filters run after the other actions"
+                verdicts = self.send(evaluate_group(a, self.now))
+        return actions + verdicts
 
     def end(self, gid: int) -> None:
         self.ends[gid] += 1

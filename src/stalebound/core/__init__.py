@@ -29,6 +29,14 @@ from stalebound.core.groups import (
     MemberResult,
     Relaunch,
 )
+from stalebound.core.names import (
+    Cause,
+    Outcome,
+    PolicyKind,
+    ProactiveMethod,
+    Timer,
+    Verdict,
+)
 from stalebound.core.policy import (
     Admission,
     BufferPolicy,
@@ -61,6 +69,7 @@ __all__ = [
     "BufferStatistics",
     "CapacityCounter",
     "CapacityPolicy",
+    "Cause",
     "ConfigError",
     "ConsumedBatch",
     "ConsumedGroup",
@@ -78,7 +87,10 @@ __all__ = [
     "InvariantError",
     "MemberId",
     "MemberResult",
+    "Outcome",
+    "PolicyKind",
     "PolicyStatistics",
+    "ProactiveMethod",
     "ProtocolError",
     "Relaunch",
     "Reservation",
@@ -86,6 +98,8 @@ __all__ = [
     "StaleboundError",
     "StalenessBuffer",
     "StalenessPolicy",
+    "Timer",
+    "Verdict",
     "build_policy",
     "resolve_settings",
 ]

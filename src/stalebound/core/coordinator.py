@@ -1,31 +1,29 @@
-"""The decision core: one pure object that owns every staleness decision of a rollout driver.
+"""The decision core: one pure object that routes a driver's events to the deciders.
 
 :class:`Coordinator` is a protocol object in the spirit of h11: it does no IO, reads no clock,
-starts no thread. A driver feeds it frozen events (:mod:`stalebound.core.events`) and carries out
-the actions it returns, in order::
+starts no thread and takes no lock. A driver feeds it frozen events (:mod:`stalebound.core.events`)
+and carries out the actions it returns, in order::
 
     actions = coordinator.handle(MemberFinished(member, now, result, versions))
     for action in actions:
-        ...  # launch, abort, truncate, arm a timer, hand a batch over, report
+        ...  # launch, abort, truncate, arm a timer, hand a batch over, run filters, report
 
-What it decides (and no driver decides again):
+It routes each event to the part that decides, and merges what they return:
 
-* **Admission and reservation** — which queued items start, at which version, in which buffer
-  (through its staleness policy: the buffer or the capacity policy, :mod:`stalebound.core.policy`).
-* **Group tracking** — N′ members launched per group, complete at N, surplus aborted, a failed
-  member relaunched while N is reachable, else the group fails (:class:`~stalebound.core.GroupTracker`).
-* **Occupy / consume** — a completed group passes the filters (``should_accept_fn``, the group
-  post-processor) and occupies its entry; the trainer's :class:`~stalebound.core.events.BatchWanted`
-  consumes ready batches; surplus reservations of a consumed buffer are aborted.
-* **The proactive filter** — a STUCK head buffer with at most ``threshold`` reservations is
-  retried (its prompts queued again first, finished groups pulled forward) or truncated, at once
-  for overtaken groups or after ``stuck_timeout`` on a timer; at most ``max_retries`` per item.
-* **The watchdog** — groups silent for ``watchdog`` seconds are reported once per stall.
-* **Stopping** — after ``max_failures`` failed or ``max_filtered`` filtered groups in a row.
-* **Deadline actions** — a policy that has ``deadline_verdicts`` (:class:`DeadlinePolicy`) names,
-  each time a buffer becomes the head, the running groups whose deadline it is and whether to
-  truncate or abort them; the coordinator turns them into :class:`TruncateMember` /
-  :class:`AbortRequest` actions (cause ``deadline``).
+* the staleness policy (:mod:`stalebound.core.policy`) — admission, reservation, occupy, consume;
+* the ledger (:class:`~stalebound.core.ledger.Ledger`) — every group from admission to its end,
+  its members (N of N′, relaunch while N is reachable), and the one teardown path;
+* the proactive filter (:mod:`stalebound.core.proactive`), the watchdog
+  (:mod:`stalebound.core.watchdog`), the deadline grace (:mod:`stalebound.core.grace`) and the
+  stop rules (:mod:`stalebound.core.stopping`).
+
+**Threading contract.** The coordinator is single-threaded and holds no lock: the driver
+serialises every call (``handle`` and the queries) — one event loop, or a lock of the driver's
+own around each call (the executor holds an AReaL ``StalenessManager``'s lock when the policy
+shares its counters). User code never runs inside a call: a completed group's filters
+(``should_accept_fn``, the group post-processor) are an :class:`EvaluateGroup` action whose
+verdict the driver sends back (:class:`GroupEvaluated`), and an outside admission gate's
+callbacks are :class:`NotifyGate` actions, so both run after the call has returned.
 
 Every group's life goes through one transition table (:data:`GROUP_TRANSITIONS`); every ended
 item is reported once (:class:`ReportDrop`) or handed over (:class:`HandOverBatch`).
@@ -33,69 +31,25 @@ item is reported once (:class:`ReportDrop`) or handed over (:class:`HandOverBatc
 
 from __future__ import annotations
 
-import statistics
-from collections import Counter, deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext, suppress
-from dataclasses import dataclass, field, fields
-from types import MappingProxyType
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, cast
 
-from stalebound.core.buffer import BufferState, StalenessBuffer
-from stalebound.core.deadline import GRACE_WINDOW
-from stalebound.core.errors import ConfigError, InvariantError, ProtocolError, StaleboundError
-from stalebound.core.events import (
-    DEADLINE_TIMER,
-    STUCK_TIMER,
-    WATCHDOG_TIMER,
-    AbortGroup,
-    AbortRequest,
-    Action,
-    ArmTimer,
-    BatchWanted,
-    CancelTimer,
-    Dispatch,
-    Event,
-    HandedGroup,
-    HandedMember,
-    HandOverBatch,
-    LaunchMember,
-    MemberFailed,
-    MemberFinished,
-    MemberLaunched,
-    MemberProgress,
-    Paused,
-    ReportDrop,
-    ReportFailure,
-    ReportStall,
-    Resumed,
-    Retry,
-    Shutdown,
-    StartGroup,
-    Stop,
-    StopRequested,
-    Submitted,
-    TimerFired,
-    TruncateMember,
-    VersionPublished,
-    Wake,
-)
-from stalebound.core.filters import (
-    StragglerClock,
-    StuckTimer,
-    eligible_targets,
-    proactive_filter_targets,
-)
-from stalebound.core.groups import GroupComplete, GroupTracker, MemberId, Relaunch
-from stalebound.core.policy import BufferPolicy, PolicyStatistics, StalenessPolicy
+import stalebound.core.events as ev
+from stalebound.core.buffer import StalenessBuffer
+from stalebound.core.checks import is_int
+from stalebound.core.counts import CoordinatorCounts
+from stalebound.core.errors import InvariantError, ProtocolError
+from stalebound.core.grace import DeadlineGrace
+from stalebound.core.groups import GroupComplete, GroupTracker
+from stalebound.core.ledger import AdmissionGate, GroupRun, Ledger
+from stalebound.core.names import OUTCOMES, Cause, GateCall, PolicyKind, Timer, Verdict
+from stalebound.core.policy import BufferPolicy, DeadlinePolicy, PolicyStatistics, StalenessPolicy
+from stalebound.core.proactive import proactive_filter
 from stalebound.core.settings import CoordinatorSettings
-from stalebound.core.transitions import (
-    GROUP_TRANSITIONS,
-    GroupOp,
-    GroupState,
-    compile_table,
-    move,
-)
+from stalebound.core.stopping import StopRules
+from stalebound.core.timers import Timers
+from stalebound.core.transitions import GROUP_TRANSITIONS, GroupOp, GroupState
+from stalebound.core.watchdog import watchdog
 
 __all__ = [
     "GROUP_TRANSITIONS",
@@ -108,251 +62,48 @@ __all__ = [
     "GroupState",
 ]
 
-OUTCOMES = ("filtered", "failed", "dropped", "surplus", "stopped", "deadline")
-"""How an item can end without being trained (:class:`ReportDrop`)."""
-
-# Release causes after which the item goes on (queued again, or the state is being torn down).
-_NOT_AN_OUTCOME = frozenset({"retried", "resumed", "shutdown"})
-_RECENT_FAILURES = 8
-_WAKE = Wake()  # immutable and field-less: one instance serves every wake-up
-
-Accept = Callable[[list[Any]], bool]
-
-
-@runtime_checkable
-class AdmissionGate(Protocol):
-    """An outside admission gate driven through AReaL's lifecycle callbacks (a user's
-    ``StalenessManager`` in front of the buffer policy). Its capacity reaches the coordinator as
-    :attr:`Dispatch.budget`."""
-
-    def on_rollout_enqueued(self) -> None: ...
-    def on_rollout_submitted(self) -> None: ...
-    def on_rollout_accepted(self) -> None: ...
-    def on_rollout_rejected(self) -> None: ...
-
-
-class DeadlinePolicy(Protocol):
-    """The hook a deadline policy implements on top of :class:`~stalebound.core.StalenessPolicy`.
-
-    Called with the head version each time a buffer becomes the head (after a consume), and with
-    ``trainer_waiting=True`` each time the trainer asks for a batch the head cannot give yet:
-    returns ``(group_id, verdict)`` for running groups whose deadline buffer is the head (each
-    group at most once), ``verdict`` ``"truncate"`` (force-complete with the partial output) or
-    ``"abort"`` (counted as wasted). With ``overdue=True`` (the trainer has waited the grace for
-    the head): ``"abort"`` for every group still running whose deadline is the head, sentenced or
-    not, and nothing else changes (it also serves as the question whether any is). The coordinator
-    carries the verdicts out; the policy's own buffer operations (pull-forward, defer,
-    consume-due-first) happen inside its ``consume``."""
-
-    def deadline_verdicts(
-        self, head: int, *, trainer_waiting: bool = False, overdue: bool = False
-    ) -> Sequence[tuple[Hashable, str]]: ...
-
-
-@dataclass
-class CoordinatorCounts:
-    """Every counter the coordinator keeps, by name (what :class:`ExecutorStatistics` reports)."""
-
-    dispatched_groups: int = 0
-    launched_members: int = 0
-    finished_members: int = 0
-    relaunched_members: int = 0
-    completed_groups: int = 0
-    failed_groups: int = 0
-    filtered_groups: int = 0
-    retried_groups: int = 0
-    pulled_forward_groups: int = 0
-    truncated_groups: int = 0
-    truncated_trajectories: int = 0
-    deadline_groups: int = 0
-    overdue_groups: int = 0
-    watchdog_stalls: int = 0
-    dropped_groups: int = 0
-    surplus_groups: int = 0
-    consumed_batches: int = 0
-    consumed_groups: int = 0
-    consumed_trajectories: int = 0
-    resumed_groups: int = 0
-    consecutive_failures: int = 0
-    consecutive_filtered: int = 0
-    member_failures: Counter[str] = field(default_factory=Counter)
-    """Failed member episodes by cause."""
-    cancelled_members: Counter[str] = field(default_factory=Counter)
-    """Members aborted on purpose, by cause."""
-    discarded_members: Counter[str] = field(default_factory=Counter)
-    """Finished trajectories thrown away with their group, by cause."""
-
-    def totals(self) -> dict[str, int]:
-        """The plain counts by name (the per-cause maps left out)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int"}
-
-    def by_cause(self) -> dict[str, Mapping[str, int]]:
-        """The per-cause maps, read-only copies."""
-        return {
-            f.name: MappingProxyType(dict(getattr(self, f.name)))
-            for f in fields(self)
-            if f.type != "int"
-        }
-
-
-# The group transition table compiled to indices (the hot paths look moves up without hashing
-# enums); _life holds each group's state as an index into _GROUP_STATES.
-_GROUP_STATES = tuple(GroupState)
-_GROUP_OPS = tuple(GroupOp)
-_GROUP_NEXT = compile_table(GROUP_TRANSITIONS, _GROUP_STATES, _GROUP_OPS)
-_QUEUED, _COMPLETED = (
-    _GROUP_STATES.index(GroupState.QUEUED),
-    _GROUP_STATES.index(GroupState.COMPLETED),
-)
-(
-    _ADMIT,
-    _COMPLETE,
-    _CONSUME,
-    _FAIL,
-    _FILTER,
-    _RETRY,
-    _SURPLUS,
-    _DROP,
-    _STOP,
-    _SHUTDOWN,
-    _DEADLINE,
-) = (
-    _GROUP_OPS.index(GroupOp[name])
-    for name in (
-        "ADMIT",
-        "COMPLETE",
-        "CONSUME",
-        "FAIL",
-        "FILTER",
-        "RETRY",
-        "SURPLUS",
-        "DROP",
-        "STOP",
-        "SHUTDOWN",
-        "DEADLINE",
-    )
-)
-
-
-def _group_move(
-    state: int, op: int, gid: Hashable, error: type[StaleboundError] = ProtocolError
-) -> int:
-    """A group's next state (indices); a move not in GROUP_TRANSITIONS raises ``error``."""
-    new = _GROUP_NEXT[state][op]
-    if new < 0:
-        move(GROUP_TRANSITIONS, _GROUP_STATES[state], _GROUP_OPS[op], gid, error=error)
-    return new
-
-
-class _GroupRun:
-    """A group the coordinator admitted and has not yet handed to the policy (or settled)."""
-
-    __slots__ = (
-        "accept",
-        "gid",
-        "progress",
-        "reported",
-        "retries",
-        "sample",
-        "truncated",
-        "truncating",
-        "version",
-        "versions",
-    )
-
-    def __init__(
-        self, gid: int, sample: int, accept: Accept | None, retries: int, version: int, now: float
-    ) -> None:
-        self.gid = gid
-        self.sample = sample
-        self.accept = accept
-        self.retries = retries
-        self.version = version
-        self.progress = now  # when it last produced something (the watchdog's clock)
-        self.reported = -1.0  # the progress time the watchdog last reported it at
-        self.truncating = False
-        self.truncated: set[int] | None = None  # member numbers cut short
-        self.versions: dict[int, tuple[int, ...]] | None = None  # per-token versions by member
+_WAKE = ev.Wake()  # immutable and field-less: one instance serves every wake-up
 
 
 class Coordinator:
-    """Every staleness decision of one rollout driver, behind ``handle(event) -> list[Action]``.
-
-    ``policy`` is the staleness policy it decides through (build one with
-    :func:`stalebound.core.settings.build_policy`); ``settings`` the resolved settings; ``gate``
-    an outside admission gate driven through AReaL's callbacks (buffer policy only); ``guard`` a
-    context manager held around every policy call (the lock an AReaL ``StalenessManager`` shares
-    with other threads; the coordinator itself is single-threaded: one driver thread calls it).
-    """
+    """Every staleness decision of one rollout driver, behind ``handle(event) -> list[Action]``:
+    ``policy`` decides (:func:`~stalebound.core.settings.build_policy`) with ``settings``;
+    ``gated``: an outside admission gate is driven by :class:`NotifyGate` actions."""
 
     def __init__(
-        self,
-        policy: StalenessPolicy,
-        settings: CoordinatorSettings,
-        *,
-        gate: AdmissionGate | None = None,
-        guard: AbstractContextManager[Any] | None = None,
+        self, policy: StalenessPolicy, settings: CoordinatorSettings, *, gated: bool = False
     ) -> None:
-        if settings.proactive != "null" and not isinstance(policy, BufferPolicy):
-            raise ConfigError(
-                f"rollout.proactive_filter.method={settings.proactive!r}: acts on STUCK buffers, "
-                f"which only the buffer policy has (not {policy.name!r}); set it to null"
-            )
         self.policy = policy
-        self.settings = settings
-        self.counts = CoordinatorCounts()
-        self._gate = gate
-        self._guard: AbstractContextManager[Any] = guard if guard is not None else nullcontext()
-        self._tracker = GroupTracker(
-            settings.group_size, settings.group_redundancy, max_relaunches=settings.max_relaunches
-        )
-        self._buffer: StalenessBuffer | None = (
-            policy.buffer if isinstance(policy, BufferPolicy) else None
-        )
-        self._deadlines: Callable[..., Sequence[tuple[Hashable, str]]] | None = getattr(
-            policy, "deadline_verdicts", None
-        )
-        self._queue: deque[tuple[int, Accept | None, int]] = deque()  # (sample, accept, retries)
-        self._groups: dict[int, _GroupRun] = {}  # running, in admission order
-        # running and completed groups, until they end: group id → (state index, sample index)
-        self._life: dict[int, tuple[int, int]] = {}
-        self._next_gid = 0
+        self.settings = s = settings
+        self._timers = timers = Timers()
+        tracker = GroupTracker(s.group_size, s.group_redundancy, max_relaunches=s.max_relaunches)
+        self._ledger = ledger = Ledger(policy, tracker, gated=gated)
+        self._proactive = proactive_filter(policy, s, timers)
+        self._watchdog = watchdog(s.watchdog, timers, ledger.counts)
+        ledger.deciders = (self._proactive, self._watchdog)
+        self._grace = DeadlineGrace(policy, timers, s.deadline_grace, s.deadline_grace_steps)
+        self._stops = StopRules(ledger.counts, s)
         self._paused = False
         self._stopped: str | None = None
-        self._recent: deque[str] = deque(maxlen=_RECENT_FAILURES)
-        self._stuck = StuckTimer()
-        self._stragglers: StragglerClock | None = (
-            StragglerClock()
-            if self._buffer is not None
-            and settings.proactive != "null"
-            and settings.stuck_timeout is None
-            else None
-        )
-        self._checking = False
-        self._armed: dict[str, float] = {}
-        # the trainer's recent step times (a batch handed over → its next request), for a grace
-        # given in steps; when the last batch was handed over, until the next request
-        self._steps: deque[float] = deque(maxlen=GRACE_WINDOW)
-        self._handed_at: float | None = None
-        self._handlers: dict[type, Callable[[Any], list[Action]]] = {
-            Submitted: self._on_submitted,
-            Dispatch: self._on_dispatch,
-            MemberLaunched: self._on_launched,
-            MemberProgress: self._on_progress,
-            MemberFinished: self._on_finished,
-            MemberFailed: self._on_failed,
-            TimerFired: self._on_timer,
-            BatchWanted: self._on_batch_wanted,
-            VersionPublished: self._on_version,
-            Paused: self._on_paused,
-            Resumed: self._on_resumed,
-            StopRequested: self._on_stop_requested,
-            Shutdown: self._on_shutdown,
+        self._checking = False  # acting on the head: what that releases does not act again
+        self._handlers: dict[type, Callable[[Any], list[ev.Action]]] = {
+            ev.Submitted: self._on_submitted,
+            ev.Dispatch: self._on_dispatch,
+            ev.MemberLaunched: self._on_progress,
+            ev.MemberProgress: self._on_progress,
+            ev.MemberFinished: self._on_finished,
+            ev.MemberFailed: self._on_failed,
+            ev.GroupEvaluated: self._on_evaluated,
+            ev.TimerFired: self._on_timer,
+            ev.BatchWanted: self._on_batch_wanted,
+            ev.VersionPublished: lambda e: [_WAKE],
+            ev.Paused: lambda e: self._pause(True, []),
+            ev.Resumed: lambda e: self._pause(False, [_WAKE]),
+            ev.StopRequested: lambda e: self._stop(e.reason, []),
+            ev.Shutdown: lambda e: self._abort_all(Cause.SHUTDOWN, []),
         }
 
-    # ------------------------------------------------------------------ the one entry point
-
-    def handle(self, event: Event) -> list[Action]:
+    def handle(self, event: ev.Event) -> list[ev.Action]:
         """Take one event; return what the driver must do, in order."""
         try:
             handler = self._handlers[type(event)]
@@ -371,6 +122,10 @@ class Coordinator:
         return self.policy.version
 
     @property
+    def counts(self) -> CoordinatorCounts:
+        return self._ledger.counts
+
+    @property
     def paused(self) -> bool:
         return self._paused
 
@@ -382,688 +137,291 @@ class Coordinator:
     @property
     def queued(self) -> int:
         """Items waiting for admission."""
-        return len(self._queue)
+        return len(self._ledger.queue)
 
     @property
     def running_groups(self) -> int:
-        return len(self._groups)
+        return len(self._ledger.groups)
 
     @property
     def running_members(self) -> int:
-        return self._tracker.running_members()
+        return self._ledger.tracker.running_members()
 
     @property
     def buffer(self) -> StalenessBuffer | None:
-        """The buffer policy's buffer (``None`` under the capacity policy)."""
-        return self._buffer
+        """The buffer policy's buffer (``None`` under the capacity and deadline policies)."""
+        policy = self.policy
+        return cast(BufferPolicy, policy).buffer if policy.kind is PolicyKind.BUFFER else None
 
     def running(self) -> Mapping[int, tuple[int, tuple[int, ...]]]:
         """Running groups: group id → (its version, its running member numbers)."""
+        running = self._ledger.tracker.running
+        groups = self._ledger.groups
         return {
-            gid: (g.version, tuple(m.number for m in self._tracker.running(gid)))
-            for gid, g in self._groups.items()
+            gid: (g.version, tuple(m.number for m in running(gid))) for gid, g in groups.items()
         }
 
     def queued_items(self) -> list[tuple[int, int]]:
         """``(sample, retries)`` of the queued items, in admission order."""
-        return [(sample, retries) for sample, _, retries in self._queue]
+        return [(sample, retries) for sample, _, retries in self._ledger.queue]
 
     def capacity(self, version: int) -> int:
         """Groups :class:`Dispatch` at ``version`` would admit now, the queue aside (may be ≤ 0)."""
-        with self._guard:
-            return self.policy.capacity(version)
+        return self.policy.capacity(version)
 
     def items_wanted(self, version: int, budget: int | None) -> int:
-        """How many items the queue should hold before a :class:`Dispatch` at ``version``, for a
-        driver drawing from a data loader: as many as admission will take and one more it
-        refuses (as submitting item by item would), at most ``budget`` (the gate's capacity)."""
+        """Items to queue before a :class:`Dispatch` at ``version`` (for a driver drawing from a
+        data loader): what admission takes and one it refuses, at most ``budget``."""
         want = max(self.capacity(version), 0) + 1
         return want if budget is None else min(want, budget)
 
     def policy_statistics(self) -> PolicyStatistics:
-        """The policy's statistics (read under the guard)."""
-        with self._guard:
-            return self.policy.statistics()
+        return self.policy.statistics()
 
     def stuck_seconds(self, now: float) -> dict[int, float]:
         """Time the head buffer spent STUCK, per buffer version, the open interval included."""
-        stuck = dict(self._stuck.total_stuck_s)
-        for b, since in self._stuck.open_intervals().items():
-            stuck[b] = stuck.get(b, 0.0) + now - since
-        return stuck
+        return self._proactive.stuck_seconds(now)
 
-    # ------------------------------------------------------------------ admission
+    def snapshot(self) -> dict[str, Any]:
+        """The state as plain data (:meth:`~stalebound.core.ledger.Ledger.snapshot`)."""
+        return self._ledger.snapshot()
 
-    def _on_submitted(self, ev: Submitted) -> list[Action]:
-        self._queue.append((ev.sample, ev.accept, ev.retries))
-        return []
+    def restore(self, **state: Any) -> None:
+        """Continue from saved state (:meth:`~stalebound.core.ledger.Ledger.restore`)."""
+        self._ledger.restore(**state)
 
-    def _on_dispatch(self, ev: Dispatch) -> list[Action]:
+    # ------------------------------------------------------------------ groups
+
+    def _on_dispatch(self, e: ev.Dispatch) -> list[ev.Action]:
         """Admit queued items while the policy (and the budget) allow."""
-        out: list[Action] = []
+        out: list[ev.Action] = []
         if self._paused or self._stopped is not None:
             return out
-        policy, queue, guard = self.policy, self._queue, self._guard
-        budget = ev.budget
-        head = False
+        policy, ledger = self.policy, self._ledger
+        queue, budget, head = ledger.queue, e.budget, False
         while queue and (budget is None or budget > 0):
             if budget is not None:
                 budget -= 1
-            gid = self._next_gid
-            self._next_gid = gid + 1  # a refused admission uses up its id, as it always has
-            with guard:
-                admission = policy.try_admit(gid, ev.version)
+            gid = ledger.next_gid
+            ledger.next_gid = gid + 1  # a refused admission uses up its id, as it always has
+            admission = policy.try_admit(gid, e.version)
             if admission is None:
                 break
-            sample, accept, retries = queue.popleft()
-            self.counts.dispatched_groups += 1
-            self._start_group(
-                gid,
-                sample,
-                accept,
-                retries,
-                admission.version,
-                admission.buffer_version,
-                ev.now,
-                out,
-            )
-            if admission.buffer_version == policy.version:
-                head = True
+            ledger.counts.dispatched_groups += 1
+            where = admission.buffer_version
+            ledger.start(gid, queue.popleft(), admission.version, where, e.now, out)
+            head = head or where == policy.version
         if head:  # a reservation in the head buffer can make it STUCK
-            self._check_head(ev.now, out)
+            self._check_head(e.now, out)
         return out
 
-    def _start_group(
-        self,
-        gid: int,
-        sample: int,
-        accept: Accept | None,
-        retries: int,
-        version: int,
-        buffer_version: int | None,
-        now: float,
-        out: list[Action],
-    ) -> None:
-        self._groups[gid] = _GroupRun(gid, sample, accept, retries, version, now)
-        self._life[gid] = (_group_move(_QUEUED, _ADMIT, gid), sample)
-        if self._stragglers is not None:
-            self._stragglers.reserved(gid)
-        if self._gate is not None:
-            self._gate.on_rollout_enqueued()
-            self._gate.on_rollout_submitted()
-        watchdog = self.settings.watchdog
-        if watchdog is not None and WATCHDOG_TIMER not in self._armed:
-            self._armed[WATCHDOG_TIMER] = now + watchdog
-            out.append(ArmTimer(WATCHDOG_TIMER, now + watchdog))
-        out.append(StartGroup(gid, sample, version, buffer_version))
-        members = self._tracker.start(gid, version)
-        self.counts.launched_members += len(members)
-        out.extend([LaunchMember(m, version) for m in members])
+    def _on_submitted(self, e: ev.Submitted) -> list[ev.Action]:
+        self._ledger.queue.append((e.sample, e.accept, e.retries))
+        return []
 
-    # ------------------------------------------------------------------ members
+    def _pause(self, paused: bool, out: list[ev.Action]) -> list[ev.Action]:
+        self._paused = paused
+        return out
 
-    def _on_launched(self, ev: MemberLaunched) -> list[Action]:
-        return self._on_progress(cast(MemberProgress, ev))
-
-    def _on_progress(self, ev: MemberProgress) -> list[Action]:
-        g = self._groups.get(ev.member[0])  # type: ignore[call-overload]
+    def _on_progress(self, e: ev.MemberProgress | ev.MemberLaunched) -> list[ev.Action]:
+        g = self._ledger.groups.get(cast(int, e.member[0]))
         if g is not None:
-            g.progress = ev.now
+            g.progress = e.now
         return []
 
-    def _on_finished(self, ev: MemberFinished) -> list[Action]:
-        member = ev.member
-        g = self._groups.get(member[0])  # type: ignore[call-overload]
-        if g is None:
-            raise ProtocolError(
-                f"MemberFinished(member={member!r}): no such group running (never started, or "
-                "already settled; a member aborted on purpose sends no event)"
-            )
-        done = self._tracker.finish(member, ev.result)
-        self.counts.finished_members += 1
-        g.progress = ev.now
-        if ev.versions is not None:
-            if g.versions is None:
-                g.versions = {}
-            g.versions[member[1]] = ev.versions
-        if done is None:
-            return []
-        out: list[Action] = []
-        self._group_complete(g, done, ev.now, out)
+    def _on_finished(self, e: ev.MemberFinished) -> list[ev.Action]:
+        out: list[ev.Action] = []
+        complete = self._ledger.finished(e, out)
+        if complete is not None:
+            g, done = complete
+            s = self.settings
+            judge = self._ledger.judge(g, done, s.post_process, s.post_process_name, s.metric)
+            if judge is None:
+                self._occupy(g, done, e.now, out)
+            else:  # the driver runs the filters (user code) and answers with GroupEvaluated
+                out.append(judge)
         return out
 
-    def _on_failed(self, ev: MemberFailed) -> list[Action]:
-        member = ev.member
-        g = self._groups.get(cast(int, member[0]))
-        if g is None:
-            raise ProtocolError(
-                f"MemberFailed(member={member!r}): no such group running (never started, or "
-                "already settled; a member aborted on purpose sends no event)"
-            )
-        outcome = self._tracker.fail(member, ev.cause, version=ev.version)
-        self.counts.member_failures[ev.cause] += 1
-        out: list[Action] = []
-        if outcome is None:
-            return out
-        if isinstance(outcome, Relaunch):
-            self.counts.relaunched_members += 1
-            self.counts.launched_members += 1
-            out.append(LaunchMember(outcome.member, outcome.version, relaunch=True))
-            if g.truncating:  # a relaunch of a group being truncated: cut it short too
-                self._mark_truncated(g, outcome.member.number)
-                out.append(TruncateMember(outcome.member))
-            return out
-        why = f"group {g.gid}: {', '.join(outcome.causes)}"
-        if ev.detail:
-            why += f" (last: {ev.detail})"
-        out.append(ReportFailure(g.gid, why))
-        self._unlist(g.gid)
-        self._abort_members(outcome.surplus, "abandoned", out)
-        self._settle_failed(g.gid, "failed", why, ev.now, out)
+    def _on_failed(self, e: ev.MemberFailed) -> list[ev.Action]:
+        out: list[ev.Action] = []
+        failed = self._ledger.failed(e, out)
+        if failed is not None:
+            self._failed(failed[0].gid, Cause.FAILED, failed[1], e.now, out)
         return out
 
-    def _group_complete(
-        self, g: _GroupRun, done: GroupComplete, now: float, out: list[Action]
-    ) -> None:
-        gid = g.gid
-        s = self.settings
-        self._unlist(gid)
-        self._abort_members(done.surplus, "surplus", out)
-        results = None
-        if g.accept is not None:
-            results = [r.result for r in done.members]
-            try:
-                keep = g.accept(results)
-            except Exception as e:
-                self._settle_failed(gid, "failed", f"group {gid}: should_accept_fn {e!r}", now, out)
-                return
-            if not keep:
-                self._filtered(gid, len(done.members), "should_accept_fn returned False", now, out)
-                return
-        if s.post_process is not None:
-            if results is None:
-                results = [r.result for r in done.members]
-            try:
-                decision = s.post_process(results, s.metric)
-            except ConfigError as e:  # a metric the trajectories lack: no group can pass
-                self._release(gid, _FAIL, "failed", now, out)
-                self.counts.failed_groups += 1
-                self._stop(str(e), out)
-                return
-            except Exception as e:
-                why = f"group {gid}: group_post_process {s.post_process_name!r} {e!r}"
-                self._settle_failed(gid, "failed", why, now, out)
-                return
-            if not decision.keep:
-                reason = f"{s.post_process_name}: {decision.reason}"
-                self._filtered(gid, len(done.members), reason, now, out)
-                return
-        versions, truncated = g.versions, g.truncated
-        payload: tuple[HandedMember, ...]
-        if versions is None and truncated is None:
-            payload = tuple([(r, None, False) for r in done.members])
+    def _on_evaluated(self, e: ev.GroupEvaluated) -> list[ev.Action]:
+        """The driver ran the filters of a completed group (:class:`EvaluateGroup`)."""
+        gid, ledger, out = e.group_id, self._ledger, cast(list[ev.Action], [])
+        entry = ledger.judging.pop(gid, None)
+        if entry is None:
+            if is_int(gid) and gid not in ledger.life and gid < ledger.next_gid:
+                return out  # stopped or shut down while its filters ran
+            raise ProtocolError(
+                f"GroupEvaluated(group_id={gid!r}): no group awaits a verdict; send one for "
+                "each EvaluateGroup action"
+            )
+        g, done = entry
+        if e.verdict == Verdict.KEEP:
+            self._occupy(g, done, e.now, out)
+        elif e.verdict == Verdict.FILTER:
+            stop = self._stops.filtered(len(done.members), e.reason)
+            self._release(gid, GroupOp.FILTER, Cause.FILTERED, e.now, out)
+            if stop is not None:
+                self._stop(stop, out)
+        elif e.verdict == Verdict.FAIL:
+            self._failed(gid, Cause.FAILED, f"group {gid}: {e.reason}", e.now, out)
+        elif e.verdict == Verdict.STOP:  # a filter that cannot judge any group
+            self._release(gid, GroupOp.FAIL, Cause.FAILED, e.now, out)
+            ledger.counts.failed_groups += 1
+            self._stop(e.reason, out)
         else:
-            vs = versions or {}
-            cut = truncated or set()
-            payload = tuple([(r, vs.get(n := r.member.number), n in cut) for r in done.members])
-            if truncated is not None:
-                self.counts.truncated_trajectories += sum(1 for _, _, t in payload if t)
-        segments = (
-            {v for tv in versions.values() for v in tv if v >= 0} if versions is not None else ()
-        )
+            raise ProtocolError(
+                f"GroupEvaluated(verdict={e.verdict!r}): keep, filter, fail or stop"
+            )
+        return out
+
+    def _occupy(self, g: GroupRun, done: GroupComplete, now: float, out: list[ev.Action]) -> None:
+        """A completed group passed its filters: it occupies its entry in the policy."""
+        gid, ledger = g.gid, self._ledger
+        payload, segments = ledger.payload(g, done)
         try:
-            with self._guard:
-                kept = self.policy.complete(gid, payload, segment_versions=segments)
+            kept = self.policy.complete(gid, payload, segment_versions=segments)
         except ProtocolError as e:  # the engine reported versions outside [V, v]
-            self._settle_failed(gid, "bad_versions", f"group {gid}: {e}", now, out)
+            self._failed(gid, Cause.BAD_VERSIONS, f"group {gid}: {e}", now, out)
             return
-        state, sample = self._life[gid]
-        self._life[gid] = (_group_move(state, _COMPLETE, gid), sample)
-        if self._stragglers is not None:
-            assert self._buffer is not None
-            self._stragglers.forget(gid)
-            where = self._buffer.lookup(gid)
-            if where is not None:
-                self._stragglers.landed(where[1])
-        c = self.counts
-        c.completed_groups += 1
-        c.consecutive_failures = 0
-        c.consecutive_filtered = 0
+        ledger.completed(gid)
+        self._proactive.occupied(gid)
+        self._stops.completed()
         if kept:
-            if self._gate is not None:
-                self._gate.on_rollout_accepted()
+            ledger.notify(GateCall.ACCEPTED, out)
         else:  # counted here; the consume that reports it again skips it
-            c.dropped_groups += 1
-            self._end(gid, _DROP, "dropped", out)
+            ledger.counts.dropped_groups += 1
+            ledger.end(gid, GroupOp.DROP, "dropped", out)
+            ledger.notify(GateCall.REJECTED, out)
         out.append(_WAKE)
         self._check_head(now, out)
 
-    def _filtered(self, gid: int, members: int, reason: str, now: float, out: list[Action]) -> None:
-        """Drop a completed group (its entry returns to EMPTY); stop after too many in a row."""
-        c, s = self.counts, self.settings
-        c.filtered_groups += 1
-        c.discarded_members["filtered"] += members
-        c.consecutive_filtered += 1
-        self._release(gid, _FILTER, "filtered", now, out)
-        if c.consecutive_filtered >= s.max_filtered:
-            post = (
-                f"group_post_process {s.post_process_name!r} on filter_groups.metric={s.metric!r}"
-                if s.post_process is not None
-                else "should_accept_fn"
-            )
-            self._stop(
-                f"{c.consecutive_filtered} groups in a row were filtered out by {post} "
-                f"(rollout.max_consecutive_filtered={s.max_filtered}; the last: {reason}), so "
-                "the data would be cycled forever without a batch; check that the reward varies "
-                "within a group (a larger rollout.group_size helps), choose another metric, or "
-                "disable the filter (rollout.group_post_process.enable=false)",
-                out,
-            )
+    def _failed(self, gid: int, cause: Cause, why: str, now: float, out: list[ev.Action]) -> None:
+        self._release(gid, GroupOp.FAIL, cause, now, out)
+        stop = self._stops.failed(why)
+        if stop is not None:
+            self._stop(stop, out)
 
-    def _settle_failed(self, gid: int, cause: str, why: str, now: float, out: list[Action]) -> None:
-        """The group is out of the tracker: abort its entry and count a failure."""
-        c = self.counts
-        self._release(gid, _FAIL, cause, now, out)
-        c.failed_groups += 1
-        c.consecutive_failures += 1
-        self._recent.append(why)
-        limit = self.settings.max_failures
-        if c.consecutive_failures >= limit:
-            self._stop(
-                f"{c.consecutive_failures} groups failed in a row (rollout.max_consecutive_failures="
-                f"{limit}); the last causes: {'; '.join(self._recent)}",
-                out,
-            )
-
-    def _release(self, gid: int, op: int, cause: str, now: float, out: list[Action]) -> None:
-        """Return a group's policy slot (abort), report it, and have capacity looked at again."""
-        with self._guard:
-            self.policy.abort(gid, cause)
-        self._end(gid, op, "failed" if cause == "bad_versions" else cause, out)
-        if self._stragglers is not None:
-            self._stragglers.forget(gid)
-        if self._gate is not None:
-            self._gate.on_rollout_rejected()
-        out.append(AbortGroup(gid, cause))
-        out.append(_WAKE)
-        self._check_head(now, out)
-
-    def _end(self, gid: int, op: int, cause: str, out: list[Action]) -> None:
-        """A group's life ends (through the transition table); report its item if untrained."""
-        life = self._life.pop(gid, None)
-        if life is None:
-            return
-        state, sample = life
-        _group_move(state, op, gid)
-        if cause not in _NOT_AN_OUTCOME:
-            out.append(ReportDrop(gid, sample, cause if cause in OUTCOMES else "failed"))
-
-    def _unlist(self, gid: int) -> _GroupRun | None:
-        return self._groups.pop(gid, None)
-
-    def _abort_members(self, members: Sequence[MemberId], cause: str, out: list[Action]) -> None:
-        for m in members:
-            self.counts.cancelled_members[cause] += 1
-            out.append(AbortRequest(m, cause))
-
-    def _mark_truncated(self, g: _GroupRun, number: int) -> None:
-        if g.truncated is None:
-            g.truncated = set()
-        g.truncated.add(number)
-
-    # ------------------------------------------------------------------ the trainer's side
-
-    def _on_batch_wanted(self, ev: BatchWanted) -> list[Action]:
-        """Consume ready batches until ``ev.groups`` groups were handed over (or none is ready)."""
-        out: list[Action] = []
-        given = 0
-        policy, guard, c = self.policy, self._guard, self.counts
-        if self._handed_at is not None:  # the trainer's first request since a batch: a step
-            self._steps.append(ev.now - self._handed_at)
-            self._handed_at = None
-        while given < ev.groups:
-            with guard:
-                if not policy.ready():
-                    break
-                batch = policy.consume()
-            v = batch.version
-            if self._stragglers is not None:
-                self._stragglers.consumed(v + 1)
-            for gid in batch.aborted:  # surplus reservations of the consumed buffer
-                gid = cast(int, gid)
-                if self._unlist(gid) is not None:
-                    c.discarded_members["surplus"] += len(self._tracker.partial(gid))
-                    self._abort_members(self._tracker.cancel(gid), "surplus", out)
-                    if self._gate is not None:
-                        self._gate.on_rollout_rejected()
-                if self._stragglers is not None:
-                    self._stragglers.forget(gid)
-                c.surplus_groups += 1
-                self._end(gid, _SURPLUS, "surplus", out)
-                out.append(AbortGroup(gid, "surplus"))
-            for gid in batch.dropped:
-                if gid in self._life:  # not counted yet (the capacity policy counts at once)
-                    c.dropped_groups += 1
-                    self._end(gid, _DROP, "dropped", out)
-            c.consumed_batches += 1
-            life = self._life
-            handed = []
-            n = 0
-            for g in batch.groups:
-                gid = cast(int, g.group_id)
-                state, sample = life.pop(gid, (_QUEUED, -1))
-                _group_move(state, _CONSUME, gid, InvariantError)
-                members: tuple[HandedMember, ...] = g.payload
-                handed.append(HandedGroup(gid, sample, g.version, members))
-                n += len(members)
-            c.consumed_groups += len(batch.groups)
-            c.consumed_trajectories += n
-            given += len(batch.groups)
-            out.append(HandOverBatch(v, tuple(handed)))
-            out.append(_WAKE)
-            self._disarm(DEADLINE_TIMER, out)  # a new head: its own grace, if it needs one
-            self._deadline_actions(ev.now, out)
-            self._check_head(ev.now, out)
-        if given and given >= ev.groups:  # the request is met: the trainer's step starts
-            self._handed_at = ev.now
-        if given < ev.groups:  # the trainer waits on the head: a deadline policy may act now
-            self._deadline_actions(ev.now, out, trainer_waiting=True)
-            grace = self._grace()
-            if (
-                grace is not None
-                and DEADLINE_TIMER not in self._armed
-                and self._deadlines is not None
-                and self._deadlines(self.policy.version, overdue=True)
-            ):
-                self._arm(DEADLINE_TIMER, ev.now + grace, out)
-        return out
-
-    def _grace(self) -> float | None:
-        """Seconds the trainer waits for a due group: ``deadline_grace``, else
-        ``deadline_grace_steps`` × the median of its recent steps; ``None``: it waits."""
-        s = self.settings
-        if s.deadline_grace is not None or s.deadline_grace_steps is None or len(self._steps) < 2:
-            return s.deadline_grace
-        return s.deadline_grace_steps * statistics.median(self._steps)
-
-    def _deadline_actions(
-        self,
-        now: float,
-        out: list[Action],
-        *,
-        trainer_waiting: bool = False,
-        overdue: bool = False,
+    def _release(
+        self, gid: int, op: GroupOp, cause: Cause, now: float, out: list[ev.Action]
     ) -> None:
-        """The hook of a deadline policy (:class:`DeadlinePolicy`): carry out its verdicts for the
-        head buffer (``overdue``: the grace is over, abort what is still due)."""
-        if self._deadlines is None:
-            return
-        verdicts = self._deadlines(
-            self.policy.version, trainer_waiting=trainer_waiting, overdue=overdue
-        )
-        for gid, verdict in verdicts:
-            g = self._groups.get(cast(int, gid))
-            if g is None:
-                raise InvariantError(f"deadline verdict {verdict!r} for group {gid!r}: not running")
-            if overdue:
-                self.counts.overdue_groups += 1
-            if not g.truncating:  # a truncated group aborted after the grace is counted once
-                self.counts.deadline_groups += 1
-            if verdict == "truncate":
-                g.truncating = True
-                for m in self._tracker.running(g.gid):
-                    self._mark_truncated(g, m.number)
-                    out.append(TruncateMember(m, "deadline"))
-            elif verdict == "abort":
-                self._unlist(g.gid)
-                self.counts.discarded_members["deadline"] += len(self._tracker.partial(g.gid))
-                self._abort_members(self._tracker.cancel(g.gid), "deadline", out)
-                self._release(g.gid, _DEADLINE, "deadline", now, out)
-            else:
-                raise InvariantError(f"deadline verdict {verdict!r}: not 'truncate' or 'abort'")
+        """Tear a group down, then have capacity and the head looked at again."""
+        self._ledger.teardown(gid, op, cause, out)
+        out.append(_WAKE)
+        self._check_head(now, out)
 
-    def _on_version(self, ev: VersionPublished) -> list[Action]:
-        return [_WAKE]
+    # ------------------------------------------------------------------ deciders
 
-    def _on_paused(self, ev: Paused) -> list[Action]:
-        self._paused = True
-        return []
-
-    def _on_resumed(self, ev: Resumed) -> list[Action]:
-        self._paused = False
-        return [_WAKE]
-
-    # ------------------------------------------------------------------ the proactive filter
-
-    def _check_head(self, now: float, out: list[Action], timer: bool = False) -> None:
-        """Whenever the head buffer may have changed: time its STUCK spell and, when the
-        proactive filter names targets, retry or truncate them."""
-        buf = self._buffer
-        if buf is None or self._checking:
+    def _check_head(self, now: float, out: list[ev.Action], timer: bool = False) -> None:
+        """The head buffer may have changed: the proactive filter may act on it."""
+        if self._checking:
             return
-        s = self.settings
-        stuck_for = self._stuck.observe(buf, now)
-        if s.proactive == "null" or self._stopped is not None:
-            return
-        if buf.state(buf.version) is not BufferState.STUCK:
-            self._disarm(STUCK_TIMER, out)
-            return
-        timeout = s.stuck_timeout
-        if timer and timeout is not None:  # the timer may fire a clock tick early
-            stuck_for = max(stuck_for, timeout)
-        targets = proactive_filter_targets(
-            buf, s.threshold, stuck_for=stuck_for, stuck_timeout_s=timeout
-        )
-        if not targets:
-            if timeout is not None and stuck_for < timeout:
-                self._arm(STUCK_TIMER, now - stuck_for + timeout, out)
-            return
-        if self._stragglers is not None:  # acting at once: only on overtaken groups
-            targets = self._stragglers.overtaken(targets, buf.version)
-        self._disarm(STUCK_TIMER, out)
-        groups = self._groups
-        if s.proactive == "retry":
-            tries: dict[Hashable, int] = {g: groups[g].retries for g in targets if g in groups}
-            chosen = eligible_targets(targets, tries, s.max_retries)
-        else:
-            being: dict[Hashable, int] = {
-                g: 1 for g in targets if g in groups and groups[g].truncating
-            }
-            chosen = eligible_targets(targets, being, 1)
-        runs = [groups[g] for g in chosen if g in groups]
+        proactive, ledger = self._proactive, self._ledger
+        runs = proactive.targets(now, ledger.groups, self._stopped is not None, out, timer=timer)
         if not runs:
             return
         self._checking = True
         try:
-            if s.proactive == "retry":
-                self._retry(buf, runs, now, out)
+            if proactive.verdict is Verdict.RETRY:
+                self._retry(runs, now, out)
             else:
-                self._truncate(runs, out)
+                for g in runs:
+                    ledger.truncate(g, Cause.TRUNCATED, out)
+                    ledger.counts.truncated_groups += 1
         finally:
             self._checking = False
-        self._stuck.observe(buf, now)
+        proactive.observe(now)
 
-    def _retry(
-        self, buf: StalenessBuffer, chosen: list[_GroupRun], now: float, out: list[Action]
-    ) -> None:
+    def _retry(self, runs: list[GroupRun], now: float, out: list[ev.Action]) -> None:
         """Abort the head buffer's last reservations, pull finished groups forward into the freed
         entries, and queue the prompts again, first in line (new group ids, new V)."""
-        tracker, c = self._tracker, self.counts
-        again = []
-        for g in chosen:
-            self._unlist(g.gid)
-            c.discarded_members["retried"] += len(tracker.partial(g.gid))
-            self._abort_members(tracker.cancel(g.gid), "retried", out)
-            self._release(g.gid, _RETRY, "retried", now, out)
+        c, again = self._ledger.counts, []
+        for g in runs:
+            self._release(g.gid, GroupOp.RETRY, Cause.RETRIED, now, out)
             c.retried_groups += 1
             again.append((g.sample, g.accept, g.retries + 1))
-            out.append(Retry(g.gid, g.sample, g.retries + 1))
-        with self._guard:
-            moved = buf.pull_forward()
-        c.pulled_forward_groups += len(moved)
-        if moved and self._stragglers is not None:
-            self._stragglers.landed(buf.version)
-        for item in reversed(again):
-            self._queue.appendleft(item)
+            out.append(ev.Retry(g.gid, g.sample, g.retries + 1))
+        c.pulled_forward_groups += self._proactive.pull_forward()
+        self._ledger.queue.extendleft(reversed(again))
         out.append(_WAKE)
 
-    def _truncate(self, chosen: list[_GroupRun], out: list[Action]) -> None:
-        """Cut the head buffer's last groups short: their members return their partial outputs
-        and the group completes (members marked truncated)."""
-        for g in chosen:
-            g.truncating = True
-            self.counts.truncated_groups += 1
-            for m in self._tracker.running(g.gid):
-                self._mark_truncated(g, m.number)
-                out.append(TruncateMember(m))
+    def _deadline(
+        self, verdicts: Sequence[tuple[Hashable, Verdict]], now: float, out: list[ev.Action]
+    ) -> None:
+        """Carry out a deadline policy's verdicts."""
+        ledger = self._ledger
+        for gid, verdict in verdicts:
+            g = ledger.groups.get(cast(int, gid))
+            if g is None:
+                raise InvariantError(f"deadline verdict {verdict!r} for group {gid!r}: not running")
+            if not g.truncating:  # a truncated group aborted after the grace is counted once
+                ledger.counts.deadline_groups += 1
+            if verdict == Verdict.TRUNCATE:
+                ledger.truncate(g, Cause.DEADLINE, out)
+            elif verdict == Verdict.ABORT:
+                self._release(g.gid, GroupOp.DEADLINE, Cause.DEADLINE, now, out)
+            else:
+                raise InvariantError(f"deadline verdict {verdict!r}: not 'truncate' or 'abort'")
 
-    def _arm(self, timer: str, at: float, out: list[Action]) -> None:
-        if self._armed.get(timer) == at:
-            return
-        self._armed[timer] = at
-        out.append(ArmTimer(timer, at))
-
-    def _disarm(self, timer: str, out: list[Action]) -> None:
-        if self._armed.pop(timer, None) is not None:
-            out.append(CancelTimer(timer))
-
-    # ------------------------------------------------------------------ timers: stuck, watchdog
-
-    def _on_timer(self, ev: TimerFired) -> list[Action]:
-        out: list[Action] = []
-        if self._armed.pop(ev.timer, None) is None:
+    def _on_timer(self, e: ev.TimerFired) -> list[ev.Action]:
+        out: list[ev.Action] = []
+        if not self._timers.fired(e.timer):
             return out  # cancelled meanwhile (a driver may race a cancel with the firing)
-        if ev.timer == STUCK_TIMER:
-            self._check_head(ev.now, out, timer=True)
-        elif ev.timer == WATCHDOG_TIMER:
-            self._watchdog(ev.now, out)
-        elif ev.timer == DEADLINE_TIMER:
-            self._deadline_actions(ev.now, out, overdue=True)
+        if e.timer == Timer.STUCK:
+            self._check_head(e.now, out, timer=True)
+        elif e.timer == Timer.WATCHDOG:
+            tracker, stopped = self._ledger.tracker, self._stopped is not None
+            members = lambda gid: tuple(m.number for m in tracker.running(gid))  # noqa: E731
+            self._watchdog.fired(e.now, self._ledger.groups, self.version, members, stopped, out)
+        else:  # the deadline grace is over: abort what is still due
+            overdue = self._grace.verdicts(overdue=True)
+            self._ledger.counts.overdue_groups += len(overdue)
+            self._deadline(overdue, e.now, out)
             out.append(_WAKE)  # the head may be ready now: the trainer asks again
-        else:
-            raise ProtocolError(f"TimerFired(timer={ev.timer!r}): no such timer")
         return out
 
-    def _watchdog(self, now: float, out: list[Action]) -> None:
-        """Report every group that has produced nothing for ``watchdog`` seconds, once per stall."""
-        limit = self.settings.watchdog
-        assert limit is not None
-        wake = now + limit
-        for g in self._groups.values():
-            if g.reported == g.progress:  # reported; wait for new progress
-                continue
-            if now - g.progress >= limit:
-                g.reported = g.progress
-                self.counts.watchdog_stalls += 1
-                members = tuple(m.number for m in self._tracker.running(g.gid))
-                out.append(
-                    ReportStall(g.gid, g.version, self.policy.version, now - g.progress, members)
-                )
-            else:
-                wake = min(wake, g.progress + limit)
-        if self._groups and self._stopped is None:
-            self._arm(WATCHDOG_TIMER, wake, out)
+    def _on_batch_wanted(self, e: ev.BatchWanted) -> list[ev.Action]:
+        """Consume ready batches until ``e.groups`` groups were handed over (or none is ready)."""
+        out: list[ev.Action] = []
+        given = 0
+        policy, grace = self.policy, self._grace
+        grace.asked(e.now)
+        while given < e.groups and policy.ready():
+            batch = policy.consume()
+            self._proactive.consumed(batch.version + 1)
+            out.append(self._ledger.consumed(batch, out))
+            given += len(batch.groups)
+            out.append(_WAKE)
+            grace.new_head(out)
+            self._deadline(grace.verdicts(), e.now, out)
+            self._check_head(e.now, out)
+        if given and given >= e.groups:  # the request is met: the trainer's step starts
+            grace.handed(e.now)
+        if given < e.groups:  # the trainer waits on the head: a deadline policy may act now
+            self._deadline(grace.verdicts(trainer_waiting=True), e.now, out)
+            grace.wait(e.now, out)
+        return out
 
     # ------------------------------------------------------------------ stopping
 
-    def _on_stop_requested(self, ev: StopRequested) -> list[Action]:
-        out: list[Action] = []
-        self._stop(ev.reason, out)
-        return out
-
-    def _on_shutdown(self, ev: Shutdown) -> list[Action]:
-        out: list[Action] = []
-        self._abort_all("shutdown", ev.now, out)
-        return out
-
-    def _stop(self, why: str, out: list[Action]) -> None:
+    def _stop(self, why: str, out: list[ev.Action]) -> list[ev.Action]:
         """Stop for good: abort every running group."""
-        if self._stopped is not None:
-            return
-        self._stopped = why
-        out.append(Stop(why))
-        self._abort_all("stopped", None, out)
+        if self._stopped is None:
+            self._stopped = why
+            out.append(ev.Stop(why))
+            self._abort_all(Cause.STOPPED, out)
+        return out
 
-    def _abort_all(self, cause: str, now: float | None, out: list[Action]) -> None:
-        op = _SHUTDOWN if cause == "shutdown" else _STOP
-        for gid in list(self._groups):
-            self._unlist(gid)
-            self._abort_members(self._tracker.cancel(gid), cause, out)
-            with self._guard, suppress(ProtocolError):  # already out of the policy
-                self.policy.abort(gid, cause)
-            self._end(gid, op, cause, out)
-            if self._stragglers is not None:
-                self._stragglers.forget(gid)
-            if self._gate is not None:
-                self._gate.on_rollout_rejected()
-            out.append(AbortGroup(gid, cause))
+    def _abort_all(self, cause: Cause, out: list[ev.Action]) -> list[ev.Action]:
+        op = GroupOp.SHUTDOWN if cause is Cause.SHUTDOWN else GroupOp.STOP
+        ledger = self._ledger
+        for gid in [*ledger.groups, *ledger.judging]:
+            ledger.teardown(gid, op, cause, out)
         out.append(_WAKE)
-        for timer in list(self._armed):
-            self._disarm(timer, out)
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def snapshot(self) -> dict[str, Any]:
-        """The coordinator's state as plain data (the policy's snapshot included). Running groups
-        are listed with their items; they cannot be resumed mid-generation."""
-        with self._guard:
-            policy_state = self.policy.snapshot()
-        running = sorted(self._groups.items())
-        return {
-            "policy": self.policy.name,
-            "version": self.policy.version,
-            "policy_state": policy_state,
-            "running": [(gid, g.sample, g.retries) for gid, g in running],
-            "queued": self.queued_items(),
-            "samples": {g: i for g, (_, i) in self._life.items() if g not in self._groups},
-            "next_group_id": self._next_gid,
-            "counts": self.counts.totals(),
-            "by_cause": {k: dict(v) for k, v in self.counts.by_cause().items()},
-        }
-
-    def restore(
-        self,
-        *,
-        policy_state: Mapping[str, Any],
-        running: Sequence[int],
-        pending: Sequence[tuple[int, int]],
-        samples: Mapping[int, int],
-        next_group_id: int,
-        counts: Mapping[str, int],
-        by_cause: Mapping[str, Mapping[str, int]],
-        accept: Accept | None = None,
-    ) -> None:
-        """Continue from saved state: the policy's snapshot is loaded, the groups that were
-        ``running`` are aborted in it (cause ``resumed``) and ``pending`` items ``(sample,
-        retries)`` queued (the running ones first). Raises :class:`ProtocolError` (nothing
-        changed) if it has already taken work or the state is damaged."""
-        if self._next_gid or self._groups or self._queue or self._life:
-            raise ProtocolError(
-                "load_state_dict(): the executor has already taken work; load the state right "
-                "after initialize(), before submit() or prepare_batch()"
-            )
-        known = {f.name for f in fields(CoordinatorCounts)}
-        unknown = sorted(set(counts) - known) + sorted(set(by_cause) - known)
-        if unknown:
-            raise ProtocolError(
-                f"load_state_dict(): unknown counters {unknown}; load a state written by "
-                "state_dict()"
-            )
-        with self._guard:
-            self.policy.load_snapshot(policy_state)
-            if isinstance(self.policy, BufferPolicy):  # loading builds a new buffer
-                self._buffer = self.policy.buffer
-            for gid in running:  # their episodes died with the old process: run them again
-                if self.policy.is_running(gid):
-                    self.policy.abort(gid, "resumed")
-        c = CoordinatorCounts()
-        for k, n in counts.items():
-            setattr(c, k, int(n))
-        for k, m in by_cause.items():
-            setattr(c, k, Counter({str(cause): int(n) for cause, n in m.items()}))
-        c.resumed_groups += len(running)
-        self.counts = c
-        self._life = {int(g): (_COMPLETED, int(i)) for g, i in samples.items()}
-        self._next_gid = int(next_group_id)
-        for sample, retries in pending:
-            self._queue.append((int(sample), accept, int(retries)))
+        self._timers.disarm_all(out)
+        return out

@@ -30,6 +30,8 @@ from stalebound.core.buffer import ConsumedBatch, StalenessBuffer
 from stalebound.core.capacity import CapacityCounter, RolloutStat
 from stalebound.core.checks import is_int
 from stalebound.core.errors import ConfigError, ProtocolError
+from stalebound.core.grace import GRACE_WINDOW
+from stalebound.core.names import DEADLINE_ACTIONS, DEADLINE_MOMENTS, PolicyKind, Verdict
 from stalebound.core.policy import Admission, BufferBacked, _not_a
 
 __all__ = [
@@ -45,8 +47,6 @@ __all__ = [
     "default_margin",
 ]
 
-DEADLINE_ACTIONS = ("truncate", "abort")
-DEADLINE_MOMENTS = ("consume", "head")
 MARGIN_PER_TARGET = 4
 """The default admission margin is one group per this many versions of the soft target
 (:func:`default_margin`), chosen on the simulator's presets."""
@@ -55,8 +55,6 @@ DEFAULT_SLACK = 0
 DEFAULT_GRACE_STEPS = 0.25
 """The trainer's wait for a due group, in training steps (``rollout.deadline.grace_steps``),
 chosen on the real bench (docs/deadline.md)."""
-GRACE_WINDOW = 8
-"""The step time a grace in steps scales with: the median of the trainer's last this many steps."""
 
 
 def default_margin(soft: int) -> int:
@@ -127,6 +125,7 @@ class DeadlineBoundPolicy(BufferBacked):
     ``margin`` the admission margin in groups."""
 
     name = "deadline"
+    kind = PolicyKind.DEADLINE
 
     def __init__(
         self,
@@ -158,7 +157,7 @@ class DeadlineBoundPolicy(BufferBacked):
             raise ConfigError(problems)
         self.buffer = buffer
         self.counter = counter
-        self.action = action
+        self.action = Verdict(action)
         self.margin = margin
         self.at = at
         self._sentenced: set[Hashable] = set()  # due groups given their verdict, still running
@@ -236,7 +235,7 @@ class DeadlineBoundPolicy(BufferBacked):
 
     def deadline_verdicts(
         self, head: int, *, trainer_waiting: bool = False, overdue: bool = False
-    ) -> Sequence[tuple[Hashable, str]]:
+    ) -> Sequence[tuple[Hashable, Verdict]]:
         """The running groups whose deadline buffer ``V + η_h`` is ``head``, each with the
         deadline action, each once. The coordinator asks when ``head`` becomes the head and when
         the trainer waits for it; the policy acts at the moment ``at`` names: ``head`` (the
@@ -246,11 +245,11 @@ class DeadlineBoundPolicy(BufferBacked):
         if self.staleness == 0:
             return []  # η_h = 0 is synchronous training: the trainer waits for every group
         if overdue:  # the grace is over: abort what is still due, sentenced or not
-            return [(gid, "abort") for gid in self._due_running(head)]
+            return [(gid, Verdict.ABORT) for gid in self._due_running(head)]
         if trainer_waiting != (self.at == "consume"):
             return []
         due = [gid for gid in self._due_running(head) if gid not in self._sentenced]
-        if self.action == "truncate":
+        if self.action is Verdict.TRUNCATE:
             self._sentenced.update(due)
         return [(gid, self.action) for gid in due]
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from stalebound.core.groups import MemberId, MemberResult
+from stalebound.core.names import Cause, GateCall, Outcome, Timer, Verdict
 
 _F = TypeVar("_F")
 
@@ -45,7 +46,9 @@ __all__ = [
     "BatchWanted",
     "CancelTimer",
     "Dispatch",
+    "EvaluateGroup",
     "Event",
+    "GroupEvaluated",
     "HandOverBatch",
     "HandedGroup",
     "HandedMember",
@@ -54,6 +57,7 @@ __all__ = [
     "MemberFinished",
     "MemberLaunched",
     "MemberProgress",
+    "NotifyGate",
     "Paused",
     "ReportDrop",
     "ReportFailure",
@@ -83,12 +87,9 @@ def _frozen(cls: _C) -> _C:
     return dataclass(slots=True, unsafe_hash=True)(cls)  # type: ignore[return-value]
 
 
-STUCK_TIMER = "stuck"
-"""The proactive filter's timer: the head buffer has been STUCK for ``stuck_timeout_s``."""
-WATCHDOG_TIMER = "watchdog"
-"""The watchdog's timer: a group may have produced nothing for ``watchdog_timeout_s``."""
-DEADLINE_TIMER = "deadline"
-"""The deadline policy's grace: the trainer has waited ``deadline.grace_s`` for a due group."""
+STUCK_TIMER = Timer.STUCK
+WATCHDOG_TIMER = Timer.WATCHDOG
+DEADLINE_TIMER = Timer.DEADLINE
 
 # ----------------------------------------------------------------------------------- events
 
@@ -180,6 +181,18 @@ class BatchWanted:
 
 
 @_frozen
+class GroupEvaluated:
+    """The driver ran a completed group's filters (:class:`EvaluateGroup`): ``verdict`` is
+    ``KEEP``, ``FILTER``, ``FAIL`` or ``STOP`` (:class:`~stalebound.core.names.Verdict`), and
+    ``reason`` says why (logged and reported)."""
+
+    group_id: int
+    now: float
+    verdict: Verdict
+    reason: str = ""
+
+
+@_frozen
 class VersionPublished:
     """New weights of ``version`` were published to the engines."""
 
@@ -225,6 +238,7 @@ Event = (
     | MemberFailed
     | TimerFired
     | BatchWanted
+    | GroupEvaluated
     | VersionPublished
     | Paused
     | Resumed
@@ -265,7 +279,7 @@ class AbortRequest:
     already accounted for it; the driver sends no event about it afterwards."""
 
     member: MemberId
-    cause: str
+    cause: Cause
 
 
 @_frozen
@@ -275,7 +289,7 @@ class TruncateMember:
     ``deadline`` (a deadline policy). The member still ends with an event."""
 
     member: MemberId
-    cause: str = "truncated"
+    cause: Cause = Cause.TRUNCATED
 
 
 @_frozen
@@ -284,7 +298,7 @@ class AbortGroup:
     any, come as :class:`AbortRequest` actions just before. Informational for most drivers."""
 
     group_id: int
-    cause: str
+    cause: Cause
 
 
 @_frozen
@@ -301,7 +315,7 @@ class Retry:
 class ArmTimer:
     """Arrange a :class:`TimerFired` for ``timer`` at time ``at`` (replacing an earlier one)."""
 
-    timer: str
+    timer: Timer
     at: float
 
 
@@ -309,7 +323,7 @@ class ArmTimer:
 class CancelTimer:
     """Disarm ``timer`` if armed."""
 
-    timer: str
+    timer: Timer
 
 
 HandedMember = tuple[MemberResult, tuple[int, ...] | None, bool]
@@ -343,7 +357,7 @@ class ReportDrop:
 
     group_id: int
     sample: int
-    outcome: str
+    outcome: Outcome
 
 
 @_frozen
@@ -364,6 +378,32 @@ class ReportStall:
     training_version: int
     silent_for: float
     members: tuple[int, ...]
+
+
+@_frozen
+class EvaluateGroup:
+    """Group ``group_id`` completed: judge it by its filters outside the core and send back
+    :class:`GroupEvaluated` (:func:`stalebound.core.filters.evaluate_group` does both). The
+    filters are user code — ``accept`` (the item's ``should_accept_fn``), then ``post_process``
+    (the group post-processor named ``post_process_name``, reading ``metric``) — so the driver
+    runs them outside any lock it holds around the coordinator. Always the last action of its
+    list."""
+
+    group_id: int
+    results: tuple[Any, ...]
+    accept: Callable[[list[Any]], bool] | None
+    post_process: Callable[[Any, Any], Any] | None
+    post_process_name: str
+    metric: Any
+
+
+@_frozen
+class NotifyGate:
+    """Call the outside admission gate's ``call`` (AReaL's ``StalenessManager`` callbacks, by
+    method name: :class:`~stalebound.core.names.GateCall`). Only a coordinator built with
+    ``gated=True`` emits it."""
+
+    call: GateCall
 
 
 @_frozen
@@ -393,6 +433,8 @@ Action = (
     | ReportDrop
     | ReportFailure
     | ReportStall
+    | EvaluateGroup
+    | NotifyGate
     | Wake
     | Stop
 )

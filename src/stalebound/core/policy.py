@@ -15,7 +15,7 @@ Because the decisions live here, one trace of calls gives the same decisions in 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -25,12 +25,14 @@ from stalebound.core.buffer import ConsumedBatch, ConsumedGroup, EntryState, Sta
 from stalebound.core.capacity import CapacityCounter, RolloutStat
 from stalebound.core.checks import check_version, is_int
 from stalebound.core.errors import ConfigError, ProtocolError
+from stalebound.core.names import PolicyKind, Verdict
 
 __all__ = [
     "Admission",
     "BufferBacked",
     "BufferPolicy",
     "CapacityPolicy",
+    "DeadlinePolicy",
     "PolicyStatistics",
     "StalenessPolicy",
 ]
@@ -78,6 +80,7 @@ class StalenessPolicy(Protocol):
     single-threaded; drivers serialise calls (one event loop, or one lock)."""
 
     name: str
+    kind: PolicyKind
 
     @property
     def version(self) -> int: ...
@@ -104,11 +107,34 @@ class StalenessPolicy(Protocol):
 
     def is_running(self, group_id: Hashable) -> bool: ...
 
+    def deadline_verdicts(
+        self, head: int, *, trainer_waiting: bool = False, overdue: bool = False
+    ) -> Sequence[tuple[Hashable, Verdict]]:
+        """Running groups whose deadline buffer is ``head`` and what to do with them:
+        ``TRUNCATE`` (force-complete with the partial output) or ``ABORT`` (counted as wasted).
+
+        Asked each time a buffer becomes the head (after a consume), with ``trainer_waiting``
+        each time the trainer asks for a batch the head cannot give yet, and with ``overdue``
+        once the trainer has waited the grace (then ``ABORT`` for every group still running
+        whose deadline is the head, and nothing else changes — it also serves as the question
+        whether any is). A policy without deadlines answers ``()``; the coordinator carries the
+        verdicts out."""
+        ...
+
     def statistics(self) -> PolicyStatistics: ...
 
     def snapshot(self) -> dict[str, Any]: ...
 
     def load_snapshot(self, snapshot: Mapping[str, Any]) -> None: ...
+
+
+class DeadlinePolicy(Protocol):
+    """The deadline hook alone (:meth:`StalenessPolicy.deadline_verdicts`, which every policy now
+    has; kept under this name for code that imports it)."""
+
+    def deadline_verdicts(
+        self, head: int, *, trainer_waiting: bool = False, overdue: bool = False
+    ) -> Sequence[tuple[Hashable, Verdict]]: ...
 
 
 @contextmanager
@@ -171,6 +197,12 @@ class BufferBacked:
         where = self.buffer.lookup(group_id)
         return where is not None and where[0] is EntryState.RESERVED
 
+    def deadline_verdicts(
+        self, head: int, *, trainer_waiting: bool = False, overdue: bool = False
+    ) -> Sequence[tuple[Hashable, Verdict]]:
+        """No deadlines (the buffer waits for every group)."""
+        return ()
+
     def statistics(self) -> PolicyStatistics:
         s = self.buffer.statistics()
         return PolicyStatistics(
@@ -196,6 +228,7 @@ class BufferPolicy(BufferBacked):
     and every count it reports is the buffer's."""
 
     name = "buffer"
+    kind = PolicyKind.BUFFER
 
     def __init__(self, buffer: StalenessBuffer, max_concurrent: int | None = None) -> None:
         if _not_a(StalenessBuffer, buffer):
@@ -280,6 +313,7 @@ class CapacityPolicy:
     """AReaL's count-based admission with results consumed first-in, first-out by completion."""
 
     name = "capacity"
+    kind = PolicyKind.CAPACITY
 
     def __init__(
         self,
@@ -434,6 +468,12 @@ class CapacityPolicy:
             return group_id in self._running
         except TypeError:  # unhashable: never admitted
             return False
+
+    def deadline_verdicts(
+        self, head: int, *, trainer_waiting: bool = False, overdue: bool = False
+    ) -> Sequence[tuple[Hashable, Verdict]]:
+        """No deadlines (results are consumed as they come)."""
+        return ()
 
     def statistics(self) -> PolicyStatistics:
         bound = self.counter.staleness

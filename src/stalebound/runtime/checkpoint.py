@@ -64,6 +64,14 @@ class SavedState:
     aborted_requests: dict[str, int]
     aborted_tokens: dict[str, int]
 
+    def summary(self, version: int) -> str:
+        """One line on what a resume at ``version`` continues with."""
+        running, queued = len(self.running), len(self.pending) - len(self.running)
+        return (
+            f"resumed at version {version}: {len(self.samples)} groups waiting in the policy, "
+            f"{running} items to dispatch again, {queued} queued"
+        )
+
     def for_coordinator(self) -> dict[str, Any]:
         """The keyword arguments of :meth:`Coordinator.restore` (but ``accept``)."""
         return {

@@ -12,7 +12,10 @@ it gets back, in order; ``action_log`` sees every ``(event, actions)`` pair. One
 background thread (:class:`~stalebound.runtime.loop.LoopThread`) owns the coordinator and the
 episodes (:class:`~stalebound.runtime.episodes.Episodes`: engine requests of members stopped on
 purpose are aborted on the engine, then their tasks cancelled); public methods hop onto it. The
-dispatcher sleeps on an :class:`asyncio.Event` and never polls. ``docs/architecture.md`` draws it.
+loop thread serialises every call into the coordinator (under an AReaL manager's lock when the
+policy shares its counters) and carries out the actions after it — user filters and the manager's
+callbacks run outside that lock. The dispatcher sleeps on an :class:`asyncio.Event` and never
+polls. ``docs/architecture.md`` draws it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar
@@ -38,6 +42,7 @@ from stalebound.core import (
 )
 from stalebound.core import events as ev
 from stalebound.core.coordinator import OUTCOMES
+from stalebound.core.filters import evaluate_group
 from stalebound.runtime import reports
 from stalebound.runtime.checkpoint import STATE_FORMAT, build_state, read_state
 from stalebound.runtime.config import RolloutConfig
@@ -125,6 +130,8 @@ class WorkflowExecutor(LoopThread):
         self._stopped: RolloutError | None = None
         self._wakeups = 0
         self._episodes: Episodes  # built on the loop thread, when it starts
+        # held around each call into the coordinator when it shares an AReaL manager's counters
+        self._lock: AbstractContextManager[Any] = nullcontext()
         self._carry_out: dict[type, Callable[[Any], None]] = {
             ev.StartGroup: self._start_group,
             ev.AbortGroup: self._report,
@@ -135,6 +142,8 @@ class WorkflowExecutor(LoopThread):
             ev.ReportDrop: self._report_drop,
             ev.ReportFailure: self._report,
             ev.ReportStall: self._report,
+            ev.EvaluateGroup: lambda a: self._handle(evaluate_group(a, self._now())),
+            ev.NotifyGate: lambda a: getattr(self.staleness_manager, a.call)(),
             ev.Wake: self._woken,
             ev.Stop: self._stopped_by,
         }
@@ -165,7 +174,7 @@ class WorkflowExecutor(LoopThread):
         self._published = start
         manager = self.staleness_manager
         if s.policy == "buffer":
-            coord = Coordinator(build_policy(s, start), s, gate=manager)
+            coord = Coordinator(build_policy(s, start), s, gated=manager is not None)
         else:
             if manager is None:
                 manager = StalenessManager(
@@ -177,7 +186,8 @@ class WorkflowExecutor(LoopThread):
             # the manager's limits are the policy's: report what is actually enforced
             s = replace(s, batch_size=policy.batch_size, staleness=policy.staleness)
             s = replace(s, soft_staleness=getattr(policy, "soft_staleness", s.soft_staleness))
-            coord = Coordinator(policy, s, guard=manager.lock)
+            coord = Coordinator(policy, s)
+            self._lock = manager.lock  # the policy shares the manager's counters
         self._settings, self._coord = s, coord
         self._start_thread("stalebound-executor")
         return self
@@ -194,7 +204,7 @@ class WorkflowExecutor(LoopThread):
     @property
     def version(self) -> int:
         """The training version: the next batch handed out is consumed at this version."""
-        return self._require_policy().version
+        return self._require_coord().policy.version
 
     def get_version(self) -> int:
         """The version new groups are generated with: ``min(engine version, training version)``.
@@ -321,8 +331,8 @@ class WorkflowExecutor(LoopThread):
     def inspect_policy(self, fn: Callable[[StalenessPolicy], _T]) -> _T:
         """Run a read-only ``fn(policy)`` on the loop thread (the only thread that touches the
         policy) and return its result: how a live view reads the buffers safely."""
-        policy = self._require_policy()
-        return self._call(fn, policy)
+        policy = self._require_coord().policy
+        return self._call(lambda: self._locked(fn, policy))
 
     def drain_outcomes(self) -> list[tuple[int, str]]:
         """Items that ended without being trained since the last call, as ``(sample_index,
@@ -358,10 +368,10 @@ class WorkflowExecutor(LoopThread):
 
     # ------------------------------------------------------------------ thread plumbing
 
-    def _require_policy(self) -> StalenessPolicy:
+    def _require_coord(self) -> Coordinator:
         if self._coord is None:
             raise ProtocolError("the executor is not initialized; call initialize() first")
-        return self._coord.policy
+        return self._coord
 
     def _require_running(self) -> CoordinatorSettings:
         if self._closed:
@@ -399,14 +409,20 @@ class WorkflowExecutor(LoopThread):
     # ------------------------------------------------------------------ events in
 
     def _handle(self, event: ev.Event) -> None:
-        """Hand one event to the coordinator and carry out its actions, in order."""
-        actions = self._coord.handle(event)  # type: ignore[union-attr]
+        """Hand one event to the coordinator (under the lock), then carry out its actions."""
+        with self._lock:
+            actions = self._coord.handle(event)  # type: ignore[union-attr]
         if self.action_log is not None:
             self.action_log(event, actions)
         if actions:
             carry_out = self._carry_out
             for action in actions:
                 carry_out[type(action)](action)
+
+    def _locked(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """``fn(*args, **kwargs)`` under the lock around the coordinator (a query of it)."""
+        with self._lock:
+            return fn(*args, **kwargs)
 
     def _now(self) -> float:
         assert self._loop is not None
@@ -439,8 +455,7 @@ class WorkflowExecutor(LoopThread):
     def _dispatch(self) -> None:
         """Queue what was submitted, draw from the data loader what admission can take, and let
         the coordinator admit."""
-        coord = self._coord
-        assert coord is not None
+        coord = self._require_coord()
         if coord.paused or coord.stopped is not None or self._closed:
             return
         self._drain_intake()
@@ -449,7 +464,7 @@ class WorkflowExecutor(LoopThread):
         budget = gate.get_capacity() if gate is not None else None
         source = self._source
         if source is not None:
-            want = coord.items_wanted(version, budget)
+            want = self._locked(coord.items_wanted, version, budget)
             while coord.queued < want:
                 try:
                     with self._intake_lock:
@@ -530,7 +545,7 @@ class WorkflowExecutor(LoopThread):
         self._progress_handle = None
         coord, s, loop = self._coord, self._settings, self._loop
         assert coord is not None and s is not None and s.progress_log is not None and loop
-        line = reports.progress_line(coord)
+        line = self._locked(reports.progress_line, coord)
         if line is None:  # idle: no line, and no timer until work starts again
             return
         logger.info("%s", line)
@@ -584,7 +599,7 @@ class WorkflowExecutor(LoopThread):
             if loop.time() >= deadline and not self._fill(count):
                 assert self._coord is not None
                 queued = self._coord.queued + len(self._intake)
-                state = reports.describe(self._coord, self.get_version(), queued)
+                state = self._locked(reports.describe, self._coord, self.get_version(), queued)
                 raise TimeoutError(
                     f"wait(count={count}, timeout={timeout}): only {len(self._output)} groups "
                     f"ready after {timeout} s ({state})"
@@ -614,14 +629,13 @@ class WorkflowExecutor(LoopThread):
     # ------------------------------------------------------------------ checkpoints, reports
 
     def _state_dict(self) -> dict[str, Any]:
-        coord = self._coord
-        assert coord is not None
+        coord = self._require_coord()
         with self._intake_lock:
             self._drain_intake()
             next_sample = self._next_sample
         drawn = self._source.drawn if self._source is not None else (self._resume_skip or 0)
         return build_state(
-            coord.snapshot(),
+            self._locked(coord.snapshot),
             {i: data for i, (data, _) in self._items.items()},
             waiting=self._output,
             loader_position=drawn,
@@ -635,15 +649,14 @@ class WorkflowExecutor(LoopThread):
     def _load_state(
         self, state: Mapping[str, Any], workflow: WorkflowProtocol, accept: ShouldAccept | None
     ) -> None:
-        coord = self._coord
-        assert coord is not None
+        coord = self._require_coord()
         if self._episodes.groups or self._intake or self._output or self._source or coord.queued:
             raise ProtocolError(
                 "load_state_dict(): the executor has already taken work; load the state right "
                 "after initialize(), before submit() or prepare_batch()"
             )
         saved = read_state(state, coord.policy.name)
-        coord.restore(**saved.for_coordinator(), accept=accept)
+        self._locked(coord.restore, **saved.for_coordinator(), accept=accept)
         self._wakeups = saved.dispatch_wakeups
         self._episodes.aborted_requests = Counter(saved.aborted_requests)
         self._episodes.aborted_tokens = Counter(saved.aborted_tokens)
@@ -653,35 +666,25 @@ class WorkflowExecutor(LoopThread):
         self._resume_skip = saved.loader_position
         with self._intake_lock:
             self._next_sample = saved.next_sample
-        running, queued = len(saved.running), len(saved.pending) - len(saved.running)
-        logger.info(
-            "resumed at version %d: %d groups waiting in the policy, %d items to dispatch again, "
-            "%d queued",
-            coord.version,
-            len(saved.samples),
-            running,
-            queued,
-        )
+        logger.info("%s", saved.summary(coord.version))
         self._kick()
 
     def _capacity(self) -> int:
-        coord = self._coord
-        assert coord is not None
-        cap = coord.capacity(self.get_version())
+        coord = self._require_coord()
+        cap = self._locked(coord.capacity, self.get_version())
         if self.staleness_manager is not None:
             cap = min(cap, self.staleness_manager.get_capacity())
         return cap - coord.queued - len(self._intake)
 
     def _statistics(self) -> ExecutorStatistics:
-        coord = self._coord
-        if coord is None:
-            raise ProtocolError("the executor is not initialized; call initialize() first")
-        manager = self.staleness_manager
-        episodes = self._episodes
-        return reports.statistics(
+        coord = self._require_coord()
+        manager, episodes = self.staleness_manager, self._episodes
+        stats = manager.get_stats() if manager is not None else None  # takes its lock
+        return self._locked(
+            reports.statistics,
             coord,
             now=self._loop.time() if self._loop is not None else 0.0,
-            manager=manager.get_stats() if manager is not None else None,
+            manager=stats,
             generation=self.get_version(),
             stopped=str(self._stopped) if self._stopped is not None else None,
             queued=coord.queued + len(self._intake),

@@ -44,6 +44,7 @@ from stalebound.core.events import (
     BatchWanted,
     CancelTimer,
     Dispatch,
+    EvaluateGroup,
     Event,
     HandOverBatch,
     LaunchMember,
@@ -61,6 +62,7 @@ from stalebound.core.events import (
     VersionPublished,
     Wake,
 )
+from stalebound.core.filters import evaluate_group
 from stalebound.core.settings import CoordinatorSettings, build_policy
 from stalebound.obs.trace import TraceRecorder
 from stalebound.sim.clock import EventQueue
@@ -192,6 +194,7 @@ class Simulation:
             ReportDrop: self._report_drop,
             ReportFailure: self._report_failure,
             ReportStall: self._report_stall,
+            EvaluateGroup: lambda a: self._feed(evaluate_group(a, self.queue.now)),
             Wake: self._woken,
             Stop: self._stop,
         }
