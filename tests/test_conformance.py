@@ -30,6 +30,7 @@ import pytest
 
 from scripted import Episode, ProtocolEngine, RequestCall, parked_in_wait, quiesce
 from stalebound.config import (
+    DeadlineConfig,
     FilterGroupsConfig,
     GroupPostProcessConfig,
     ProactiveFilterConfig,
@@ -54,6 +55,7 @@ from stalebound.core.events import (
     MemberProgress,
     ReportDrop,
     ReportFailure,
+    ReportStall,
     Retry,
     StartGroup,
     Submitted,
@@ -181,6 +183,63 @@ SCENARIOS = [
         },
         expect=("filtered", "member failed", "relaunch", "batch"),
     ),
+    # The proactive filter retries on its stuck timer and the watchdog reports the straggler
+    # first: groups 2 and 3 hold the head buffer 0; group 3 never answers. The watchdog (4.5 s)
+    # reports it; the STUCK timer (6 s) retries it, pulling a finished group of buffer 1 forward,
+    # and its item starts again as group 8 — which is retried in turn, and then, as group 11
+    # (retried twice: the limit), waited for.
+    Scenario(
+        "buffer: the proactive filter retries, the watchdog reports",
+        rollout(
+            max_head_offpolicyness=1,
+            consumer_batch_size=2,
+            group_size=1,
+            max_concurrent_rollouts=4,
+            proactive_filter=ProactiveFilterConfig(
+                method="retry", threshold=1, stuck_timeout_s=6.0
+            ),
+            watchdog_timeout_s=4.5,
+        ),
+        prompts=6,
+        step_time=10.0,
+        steps=2,
+        ends={
+            (2, 0): (1, "ok", 0.0),
+            (0, 0): (2, "ok", 0.0),
+            (1, 0): (3, "ok", 0.0),
+            (11, 0): (17, "ok", 0.0),
+        },
+        expect=("timer fired", "retry", "stall", "batch"),
+    ),
+    # The deadline policy, η_h = 2 (target 1): group 2 (V = 0) never answers; the second consume
+    # defers it into buffer 2, its deadline, where it gets the deadline action: abort (its tokens
+    # wasted) as soon as buffer 2 is the head, or truncate (kept, marked truncated) when the
+    # trainer asks for buffer 2.
+    *[
+        Scenario(
+            f"deadline: a straggler due at its deadline buffer is {action}ed",
+            rollout(
+                staleness_policy="deadline",
+                staleness=2,
+                consumer_batch_size=2,
+                group_size=1,
+                max_concurrent_rollouts=4,
+                deadline=DeadlineConfig(action=action, at=at),
+            ),
+            prompts=12,
+            step_time=10.0,
+            steps=3,
+            ends={
+                (0, 0): (1, "ok", 0.0),
+                (1, 0): (2, "ok", 0.0),
+                (7, 0): (16, "ok", 0.0),
+                (8, 0): (17, "ok", 0.0),
+                **{(g, 0): (g + 20, "ok", 0.0) for g in range(9, 16)},
+            },
+            expect=(f"deadline {action}", "batch"),
+        )
+        for action, at in (("abort", "head"), ("truncate", "consume"))
+    ],
 ]
 
 
@@ -196,6 +255,8 @@ def features(log: Log) -> set[str]:
         if isinstance(event, TimerFired):
             found.add("timer fired")
         for a in actions:
+            if isinstance(a, AbortRequest | TruncateMember) and a.cause == "deadline":
+                found.add(f"deadline {'abort' if isinstance(a, AbortRequest) else 'truncate'}")
             if isinstance(a, AbortRequest) and a.cause == "surplus":
                 found.add("surplus")
             elif isinstance(a, LaunchMember) and a.relaunch:
@@ -206,6 +267,10 @@ def features(log: Log) -> set[str]:
                 found.add("filtered")
             elif isinstance(a, HandOverBatch):
                 found.add("batch")
+            elif isinstance(a, Retry):
+                found.add("retry")
+            elif isinstance(a, ReportStall):
+                found.add("stall")
     return found
 
 

@@ -87,10 +87,10 @@ class Coordinator:
         self._stopped: str | None = None
         self._checking = False  # acting on the head: what that releases does not act again
         self._handlers: dict[type, Callable[[Any], list[ev.Action]]] = {
-            ev.Submitted: self._on_submitted,
+            ev.Submitted: ledger.submitted,
             ev.Dispatch: self._on_dispatch,
-            ev.MemberLaunched: self._on_progress,
-            ev.MemberProgress: self._on_progress,
+            ev.MemberLaunched: ledger.progressed,
+            ev.MemberProgress: ledger.progressed,
             ev.MemberFinished: self._on_finished,
             ev.MemberFailed: self._on_failed,
             ev.GroupEvaluated: self._on_evaluated,
@@ -215,19 +215,9 @@ class Coordinator:
             self._check_head(e.now, out)
         return out
 
-    def _on_submitted(self, e: ev.Submitted) -> list[ev.Action]:
-        self._ledger.queue.append((e.sample, e.accept, e.retries))
-        return []
-
     def _pause(self, paused: bool, out: list[ev.Action]) -> list[ev.Action]:
         self._paused = paused
         return out
-
-    def _on_progress(self, e: ev.MemberProgress | ev.MemberLaunched) -> list[ev.Action]:
-        g = self._ledger.groups.get(cast(int, e.member[0]))
-        if g is not None:
-            g.progress = e.now
-        return []
 
     def _on_finished(self, e: ev.MemberFinished) -> list[ev.Action]:
         out: list[ev.Action] = []
@@ -338,8 +328,7 @@ class Coordinator:
         proactive.observe(now)
 
     def _retry(self, runs: list[GroupRun], now: float, out: list[ev.Action]) -> None:
-        """Abort the head buffer's last reservations, pull finished groups forward into the freed
-        entries, and queue the prompts again, first in line (new group ids, new V)."""
+        """Abort the head's last reservations, pull finished groups forward, queue items again."""
         c, again = self._ledger.counts, []
         for g in runs:
             self._release(g.gid, GroupOp.RETRY, Cause.RETRIED, now, out)
@@ -418,8 +407,7 @@ class Coordinator:
         return out
 
     def _abort_all(self, cause: Cause, out: list[ev.Action]) -> list[ev.Action]:
-        op = GroupOp.SHUTDOWN if cause is Cause.SHUTDOWN else GroupOp.STOP
-        ledger = self._ledger
+        op, ledger = GroupOp.SHUTDOWN if cause is Cause.SHUTDOWN else GroupOp.STOP, self._ledger
         for gid in [*ledger.groups, *ledger.judging]:
             ledger.teardown(gid, op, cause, out)
         out.append(_WAKE)

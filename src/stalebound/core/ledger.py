@@ -29,10 +29,13 @@ from stalebound.core.events import (
     LaunchMember,
     MemberFailed,
     MemberFinished,
+    MemberLaunched,
+    MemberProgress,
     NotifyGate,
     ReportDrop,
     ReportFailure,
     StartGroup,
+    Submitted,
     TruncateMember,
 )
 from stalebound.core.groups import GroupComplete, GroupTracker, MemberId, Relaunch
@@ -177,6 +180,18 @@ class Ledger:
         out.extend([LaunchMember(m, version) for m in members])
 
     # ------------------------------------------------------------------ members
+
+    def submitted(self, e: Submitted) -> list[Action]:
+        """An item is queued for admission, at the back."""
+        self.queue.append((e.sample, e.accept, e.retries))
+        return []
+
+    def progressed(self, e: MemberProgress | MemberLaunched) -> list[Action]:
+        """A member produced something: its group is alive (the watchdog's clock)."""
+        g = self.groups.get(e.member[0])  # type: ignore[call-overload]
+        if g is not None:
+            g.progress = e.now
+        return []
 
     def running(self, ev: MemberFinished | MemberFailed) -> GroupRun:
         g: GroupRun | None = self.groups.get(ev.member[0])  # type: ignore[call-overload]

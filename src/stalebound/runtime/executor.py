@@ -188,6 +188,8 @@ class WorkflowExecutor(LoopThread):
             s = replace(s, soft_staleness=getattr(policy, "soft_staleness", s.soft_staleness))
             coord = Coordinator(policy, s)
             self._lock = manager.lock  # the policy shares the manager's counters
+        # its capacity bounds each dispatch (the deadline policy applies it itself)
+        self._gate: StalenessManager | None = None if s.policy == "deadline" else manager
         self._settings, self._coord = s, coord
         self._start_thread("stalebound-executor")
         return self
@@ -453,15 +455,13 @@ class WorkflowExecutor(LoopThread):
                 self._handle(ev.StopRequested(f"the dispatcher failed: {e!r}", self._now()))
 
     def _dispatch(self) -> None:
-        """Queue what was submitted, draw from the data loader what admission can take, and let
-        the coordinator admit."""
+        """Queue what was submitted, draw from the loader what admission takes, and admit."""
         coord = self._require_coord()
         if coord.paused or coord.stopped is not None or self._closed:
             return
         self._drain_intake()
         version = self.get_version()
-        gate = self.staleness_manager
-        budget = gate.get_capacity() if gate is not None else None
+        budget = self._gate.get_capacity() if self._gate is not None else None
         source = self._source
         if source is not None:
             want = self._locked(coord.items_wanted, version, budget)

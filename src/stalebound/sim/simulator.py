@@ -179,6 +179,7 @@ class Simulation:
         self._submitted = 0
         self._attempts: dict[int, int] = {}  # sample → its retry count, until it starts again
         self._timers: dict[str, int] = {}  # timer → the ticket of its armed event
+        self._tickets = 0  # never reused: an event of a cancelled timer cannot pass as a new one
         self._wake = True
         self._stopped: str | None = None
         self._carry: dict[type, Any] = {
@@ -400,8 +401,8 @@ class Simulation:
         self.counts["groups_retry"] += 1
 
     def _arm(self, a: ArmTimer) -> None:
-        ticket = self._timers.get(a.timer, 0) + 1
-        self._timers[a.timer] = ticket
+        self._tickets += 1
+        ticket = self._timers[a.timer] = self._tickets
         now = self.queue.now
         self.queue.schedule(a.at if a.at > now else now, TimerDue(a.timer, ticket))
 
