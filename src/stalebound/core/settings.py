@@ -53,11 +53,13 @@ class CoordinatorSettings:
     queue_size: int
     request_timeout: float | None
     max_failures: int
+    threshold: int
+    """The proactive filter's: act on a STUCK head with at most this many reservations."""
+    max_retries: int
+    """The proactive filter's ``retry``: how often one item may be retried."""
     drop_stale: bool = False
     proactive: str = "null"
-    threshold: int = 0
     stuck_timeout: float | None = None
-    max_retries: int = 1
     post_process: GroupPostProcess | None = None
     post_process_name: str = ""
     metric: str = "score"
@@ -128,8 +130,12 @@ def default_max_concurrent(
     return min(window + 1, DEFAULT_BATCHES_IN_FLIGHT) * buffer_size
 
 
-def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
-    """The per-rank settings from a rollout config section.
+def resolve_settings(
+    config: Any, dp: int = 1, *, max_relaunches: int | None = None
+) -> CoordinatorSettings:
+    """The per-rank settings from a rollout config section: the one builder every driver uses
+    (the simulator maps its workload onto a rollout section), so each default is the section's.
+    ``max_relaunches``: relaunches of failed members per group (``None``: up to N).
 
     Each setting's own rules (types, ranges, rules between settings) belong to the section's
     class and are checked where it is loaded or handed over (``RolloutConfig``: at load, and by
@@ -194,6 +200,7 @@ def resolve_settings(config: Any, dp: int = 1) -> CoordinatorSettings:
         watchdog=config.watchdog_timeout_s,
         progress_log=config.progress_log_s,
         soft_staleness=soft,
+        max_relaunches=max_relaunches,
         **(
             {}
             if dl is None

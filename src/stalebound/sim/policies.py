@@ -11,19 +11,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stalebound.core.deadline import (
-    DEFAULT_GRACE_STEPS,
-    DEFAULT_SLACK,
-    deadline_bounds,
-    default_margin,
-)
+from stalebound.core.deadline import deadline_bounds
 from stalebound.core.errors import ConfigError
-from stalebound.core.settings import CoordinatorSettings, default_max_concurrent
+from stalebound.core.settings import CoordinatorSettings, resolve_settings
+from stalebound.runtime.config import DeadlineConfig, ProactiveFilterConfig, RolloutConfig
 from stalebound.sim.config import WorkloadConfig
 
 __all__ = [
     "POLICIES",
-    "PROACTIVE_MAX_RETRIES",
     "PolicySpec",
     "coordinator_settings",
     "policy_spec",
@@ -41,13 +36,6 @@ POLICIES = (
     "deadline-tight",
     "deadline-abort",
 )
-
-PROACTIVE_MAX_RETRIES = 2
-"""How often the proactive filter may retry one prompt: the runtime's default
-(``rollout.proactive_filter.max_retries``)."""
-
-# clock event kinds
-_REPLICA, _TOOL, _CUT, _TRAIN_DONE, _SYNC, _TIMER, _STEP_DONE = range(7)
 
 
 @dataclass(frozen=True)
@@ -112,40 +100,39 @@ def coordinator_settings(
 
     ``batch.max_concurrent_groups`` is ``max_concurrent_rollouts``; without it the engine slots are
     the only limit (a running group holds at least one slot, so the group limit never binds).
-    ``proactive.stuck_time = 0`` acts at once (``stuck_timeout_s: null``)."""
+    ``proactive.stuck_time = 0`` acts at once (``stuck_timeout_s: null``). Built by the runtime's
+    own builder (:func:`~stalebound.core.settings.resolve_settings`) from that section, so every
+    setting the workload does not name has the runtime's default."""
     B, N = cfg.batch.groups, cfg.batch.group_size
-    launch = N + (cfg.redundancy.group_extra if spec.redundancy else 0)
     slots = cfg.engine.replicas * cfg.engine.max_concurrency
-    buffer_size = math.ceil(B * cfg.redundancy.batch_factor) if spec.redundancy else B
-    p = cfg.proactive
-    deadline = spec.kind == "deadline"
-    hard = staleness
     soft = spec.target(staleness, target)
-    max_groups = cfg.batch.max_concurrent_groups or slots
-    if cfg.batch.max_concurrent_groups is None and cfg.batch.runtime_default:
-        max_groups = default_max_concurrent(spec.kind, hard, soft, B, buffer_size)
-    return CoordinatorSettings(
-        policy=spec.kind,
-        staleness=hard,
-        soft_staleness=soft,
-        deadline_slack=DEFAULT_SLACK,
-        deadline_action=spec.deadline_action,
-        admission_margin=default_margin(soft) if soft is not None else 0,
-        deadline_grace_steps=DEFAULT_GRACE_STEPS if deadline else None,
-        batch_size=B,
-        buffer_size=buffer_size,
+    max_groups = cfg.batch.max_concurrent_groups
+    if max_groups is None and not cfg.batch.runtime_default:
+        max_groups = slots
+    p = cfg.proactive
+    rollout = RolloutConfig(
+        staleness_policy=spec.kind,  # type: ignore[arg-type]
+        staleness=staleness,
+        deadline=DeadlineConfig(
+            target=soft,
+            action=spec.deadline_action,  # type: ignore[arg-type]
+        ),
+        consumer_batch_size=B,
+        buffer_size=math.ceil(B * cfg.redundancy.batch_factor) if spec.redundancy else None,
         group_size=N,
-        group_redundancy=launch,
-        max_concurrent=max_groups,
-        queue_size=max_groups + 1,
-        request_timeout=None,
+        group_redundancy=N + (cfg.redundancy.group_extra if spec.redundancy else 0),
+        max_concurrent_rollouts=max_groups,
+        request_timeout=math.inf,
         # The simulator models a cluster, not an operator's patience: a run of failed groups
         # is measured, not stopped.
-        max_failures=2**62,
-        max_relaunches=cfg.failures.max_relaunches,
-        drop_stale=spec.drop_stale,
-        proactive=spec.filter or "null",
-        threshold=p.threshold,
-        stuck_timeout=p.stuck_time or None,
-        max_retries=PROACTIVE_MAX_RETRIES,
+        max_consecutive_failures=2**62,
+        reject_stale_results=spec.drop_stale,
+        proactive_filter=ProactiveFilterConfig(
+            method=spec.filter or "null",  # type: ignore[arg-type]
+            threshold=p.threshold,
+            stuck_timeout_s=p.stuck_time or None,
+        ),
+        watchdog_timeout_s=None,
+        progress_log_s=None,
     )
+    return resolve_settings(rollout, max_relaunches=cfg.failures.max_relaunches)

@@ -89,7 +89,6 @@ from stalebound.sim.events import (
 from stalebound.sim.fleet import COUNTED_AS, Fleet
 from stalebound.sim.policies import (
     POLICIES,
-    PROACTIVE_MAX_RETRIES,
     PolicySpec,
     coordinator_settings,
     policy_spec,
@@ -100,7 +99,6 @@ from stalebound.sim.workload import SampledSource, TrajectorySource
 
 __all__ = [
     "POLICIES",
-    "PROACTIVE_MAX_RETRIES",
     "Bound",
     "EngineModel",
     "PolicySpec",
