@@ -10,6 +10,7 @@ random model has near-tied logits where float rounding may pick either token.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -352,3 +353,51 @@ def test_a_server_that_is_down_gives_a_clear_error() -> None:
         await engine.aclose()
 
     asyncio.run(main())
+
+
+def _stream_payloads(url: str, path: str, body: dict[str, Any]) -> list[Any]:
+    with httpx.Client(timeout=60) as client, client.stream("POST", url + path, json=body) as reply:
+        assert reply.status_code == 200, reply.read()
+        lines = [line[5:].strip() for line in reply.iter_lines() if line.startswith("data:")]
+    return [json.loads(line) for line in lines if line != "[DONE]"]
+
+
+def _keys(chunks: list[Any]) -> set[tuple[tuple[str, ...], ...]]:
+    """The fields of each chunk, of its first choice and of that choice's log-probs."""
+    out = set()
+    for chunk in chunks:
+        choice = chunk["choices"][0]
+        out.add((tuple(sorted(chunk)), tuple(sorted(choice)), tuple(sorted(choice["logprobs"]))))
+    return out
+
+
+def test_the_server_still_sends_chunks_shaped_as_the_adapters_golden_ones(
+    vllm_server: Server,
+) -> None:
+    # tests/test_http_adapters.py reads chunks recorded from this kind of server; the same
+    # requests now must give chunks with the same fields.
+    golden = json.loads((Path(__file__).parents[1] / "data" / "vllm_chunks.json").read_text())
+    model = httpx.get(vllm_server.url + "/v1/models").json()["data"][0]["id"]
+    params: dict[str, Any] = {"max_tokens": 5, "temperature": 1.0, "top_p": 1.0, "seed": 7}
+    params.update(stop_token_ids=[], ignore_eos=True, logprobs=0)
+    prompt = [1, 20, 21, 22]
+    completions = _stream_payloads(
+        vllm_server.url,
+        "/v1/completions",
+        {"model": model, "prompt": prompt, "stream": True, "return_token_ids": True, **params},
+    )
+    generate = _stream_payloads(
+        vllm_server.url,
+        "/inference/v1/generate",
+        {
+            "request_id": "golden-shape",
+            "token_ids": prompt,
+            "sampling_params": {**params, "detokenize": False},
+            "model": model,
+            "stream": True,
+            "output_mode": "tokens",
+        },
+    )
+    for name, live in (("completions", completions), ("generate", generate)):
+        assert _keys(live) == _keys([json.loads(p) for p in golden[name]]), name
+    assert generate[-1]["choices"][0]["weight_versions"] is not None

@@ -1,31 +1,39 @@
-"""The HTTP engine base: what the vLLM and SGLang engines share.
+"""The HTTP engine: an inference engine over a server, composed of a transport and an adapter.
 
-Both implement :class:`~stalebound.engines.protocol.InferenceEngine` with an ``httpx.AsyncClient``
-(one connection pool per engine and event loop). Every request is streamed, so the tokens received
-so far are always at hand: an abort, a weight update or a dropped connection keeps them. A stream
-stops being read at its ``[DONE]`` event, which closes its connection instead of returning it to the
-pool. So the pool holds only the control calls' connections (health, pause, reload, ...), and a
-stream never starts on a pooled connection that the server has meanwhile closed for idleness (vLLM's
-uvicorn does so after 5 s; a raw client that pools its streams meets those as ``ReadError`` s). It
-is also cheaper: with 64 concurrent streams on loopback, a client that pools them spent about twice
-the CPU per request (httpcore re-checks every pooled connection on each request event) —
-``bench/vllm_overhead.py``, ``raw-stream`` vs ``raw-stream-close``: 22.6 vs 11.7 ms per trajectory.
+:class:`HTTPEngine` implements :class:`~stalebound.engines.protocol.InferenceEngine` for a server
+reached over HTTP. It is made of three parts:
+
+* the **transport** (:class:`~stalebound.engines.http_transport.HTTPTransport`): the
+  ``httpx.AsyncClient`` (one connection pool per engine and event loop), statuses, JSON, streams,
+  the health probe, and the one retry helper every retry waits through;
+* a **server adapter** (:class:`~stalebound.engines.http_adapter.ServerAdapter`) per server kind:
+  request bodies, stream chunks, weight-update and pause endpoints, version labels, what a state
+  dict becomes — :class:`~stalebound.engines.vllm.VLLMAdapter`,
+  :class:`~stalebound.engines.sglang.SGLangAdapter`;
+* the **engine** itself (this module): request bookkeeping, abort, pause, weight updates,
+  versions and statistics.
+
+:class:`~stalebound.engines.vllm.VLLMEngine` and :class:`~stalebound.engines.sglang.SGLangEngine`
+are this engine with their adapter. Before a run starts,
+:func:`~stalebound.engines.endpoints.check_endpoints` checks that the servers answer.
+
+Every request is streamed, so the tokens received so far are always at hand: an abort, a weight
+update or a dropped connection keeps them. A stream's connection closes at its ``[DONE]`` event
+(see :meth:`~stalebound.engines.http_transport.HTTPTransport.stream` for why: with 64 streams on
+loopback a client that pools them spent about twice the CPU per request, 22.6 vs 11.7 ms per
+trajectory in ``bench/vllm_overhead.py``).
 
 Sampling: ``seed=None`` derives a seed from the engine's ``seed`` and the request id. A resubmitted
 segment ``k`` uses ``seed + k`` (mod 2**31): it continues with a fresh random stream, not the one the
 uninterrupted request would have drawn (vLLM's per-request generator cannot be advanced remotely).
 
-Errors: an unreachable server (connection refused, timeouts) is retried with exponential backoff,
-and so are 5xx answers; when the retries are used up the call raises
+Errors: connection errors, timeouts and 5xx answers are retried (``retries`` times, waiting
+``backoff * 2**(k-1)`` s before the k-th retry); when the retries are used up the call raises
 :class:`EngineUnavailableError`. A stream that breaks after tokens arrived is resumed as a new
 segment (prompt + tokens so far), counted in ``statistics().stream_retries``. A server that answers
-with a different API (404/405 on an endpoint, 403 on the scale-out endpoint, an unexpected body)
-raises :class:`EngineAPIError` naming the endpoint and what to enable. After :meth:`aclose` every
-call raises :class:`~stalebound.engines.protocol.EngineClosedError`. Every retry, of a call or of a broken stream, waits through one helper
-(:meth:`HTTPEngine._wait_before_retry`): ``backoff * 2**(k-1)`` seconds before the k-th retry.
-
-The concrete engines fill in the wire format: :class:`~stalebound.engines.vllm.VLLMEngine` and
-:class:`~stalebound.engines.sglang.SGLangEngine`.
+with a different API raises :class:`EngineAPIError` naming the endpoint and what to enable. After
+:meth:`HTTPEngine.aclose` every call raises
+:class:`~stalebound.engines.protocol.EngineClosedError`.
 """
 
 from __future__ import annotations
@@ -33,22 +41,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Final, Literal, TypeAlias
-
-import httpx
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 from stalebound.core.errors import ConfigError, ProtocolError
+from stalebound.engines.http_adapter import Chunk, IPCHandles, SegmentRequest, ServerAdapter
+from stalebound.engines.http_transport import (
+    EngineAPIError,
+    EngineUnavailableError,
+    HTTPTransport,
+    StreamBroken,
+)
 from stalebound.engines.protocol import (
-    EngineClosedError,
     FinishReason,
     GenerateRequest,
     GenerateResponse,
@@ -69,16 +80,9 @@ _UPDATES_KEPT = 256
 InterruptMode: TypeAlias = Literal["resubmit", "continue"]
 
 _SEED_MOD: Final[int] = 2**31
-_TRANSIENT_STATUS: Final[frozenset[int]] = frozenset({500, 502, 503, 504})
 
-
-class EngineUnavailableError(EngineClosedError):
-    """The server is down or unreachable (after the configured retries); start it or fix the URL."""
-
-
-class EngineAPIError(ProtocolError):
-    """The server answered, but not with the API this engine speaks (missing endpoint, unexpected
-    body, a rejected request); the message names the endpoint and the fix."""
+A = TypeVar("A", bound=ServerAdapter)
+_E = TypeVar("_E", bound="HTTPEngine[Any]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,28 +116,17 @@ class HTTPEngineStatistics:
 
 @dataclass(slots=True)
 class _Counts:
-    """The engine's running counters, named as :class:`HTTPEngineStatistics` reports them."""
+    """The engine's running counters, named as :class:`HTTPEngineStatistics` reports them (the
+    transport counts ``retries``)."""
 
     requests: int = 0
     segments: int = 0
     resubmits: int = 0
     stream_retries: int = 0
-    retries: int = 0
     aborts: int = 0
     weight_updates: int = 0
     output_tokens: int = 0
     abort_timeouts: int = 0
-
-
-@dataclass(eq=False)
-class _Chunk:
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str | None = None
-    spans: list[tuple[str, int, int]] | None = None
-    """``(version label, start, end)`` over this segment's output tokens (final chunk only)."""
-    version_label: str | None = None
-    """The server's weight version when it sent this chunk (SGLang)."""
 
 
 @dataclass(eq=False)
@@ -150,7 +143,6 @@ class _Live:
     task: asyncio.Task[str | None] | None = None
     aborted: bool = False
     interrupted: bool = False
-    server_abort_sent: bool = False
     result: asyncio.Future[GenerateResponse] | None = None
 
     def is_aborted(self) -> bool:
@@ -163,14 +155,25 @@ def _derive_seed(engine_seed: int, request_id: str) -> int:
     return (engine_seed * 1_000_003 + zlib.crc32(request_id.encode())) % _SEED_MOD
 
 
-class HTTPEngine:
-    """What the vLLM and SGLang engines share: the client, retries, the request lifecycle."""
+class HTTPEngine(Generic[A]):
+    """An engine over the server at ``url`` that ``adapter`` speaks to (see the module docstring).
 
-    _name: str = "HTTP"
+    ``interrupt_mode``: what a weight update does to in-flight requests (``resubmit`` or
+    ``continue``; see docs/vllm.md). ``initial_version``: the version of a server that reports
+    none. ``seed``: derives per-request seeds for requests without one. ``timeout`` /
+    ``connect_timeout``: seconds per HTTP operation (a stream's read timeout is the longest pause
+    between two chunks). ``retries`` and ``backoff``: transient errors are retried ``retries``
+    times, waiting ``backoff * 2**k`` s. ``max_connections``: the size of the connection pool
+    (one connection per streaming request in flight). ``abort_timeout``: how long a server-side
+    abort waits for the server's final chunk before it disconnects instead.
+
+    Call ``await engine.start()`` (or use ``async with``) before generating.
+    """
 
     def __init__(
         self,
         url: str,
+        adapter: A,
         *,
         interrupt_mode: InterruptMode = "resubmit",
         initial_version: int = 0,
@@ -181,10 +184,8 @@ class HTTPEngine:
         backoff: float = 0.25,
         max_connections: int = 512,
         abort_timeout: float = 5.0,
-        problems: Sequence[str] = (),
     ) -> None:
-        # ``problems``: what a subclass found in its own arguments, reported with these at once
-        problems = list(problems)
+        problems = list(adapter.problems(interrupt_mode))
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             problems.append(f"url={url!r}: must be an http(s) URL such as 'http://127.0.0.1:8000'")
         if interrupt_mode not in ("resubmit", "continue"):
@@ -204,25 +205,27 @@ class HTTPEngine:
             problems.append(f"max_connections={max_connections!r}: must be an int >= 1")
         if problems:
             raise ConfigError(problems)
-        self.url = url.rstrip("/")
+        self.adapter: A = adapter
+        self.http = HTTPTransport(
+            url,
+            name=adapter.name,
+            start_hint=adapter.start_hint(url),
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            retries=retries,
+            backoff=backoff,
+            max_connections=max_connections,
+        )
+        self.url = self.http.url
         self.interrupt_mode: InterruptMode = interrupt_mode
         self._initial_version = int(initial_version)
         self._version = int(initial_version)
         self._seed = int(seed)
-        self._timeout = httpx.Timeout(timeout, connect=connect_timeout)
-        self._retries = retries
-        self._backoff = backoff
-        self._limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        )
         self._abort_timeout = abort_timeout
-        self._client: httpx.AsyncClient | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
         self._live: dict[str, _Live] = {}
         self._gate: asyncio.Event | None = None
         self._update_lock: asyncio.Lock | None = None
         self._user_paused = False
-        self._closed = False
         self._counts = _Counts()
         self._update_seconds: deque[float] = deque(maxlen=_UPDATES_KEPT)
         self._tag = f"sb{os.getpid():x}{id(self) & 0xFFFFFF:x}"
@@ -232,57 +235,42 @@ class HTTPEngine:
     @property
     def closed(self) -> bool:
         """Whether :meth:`aclose` was called."""
-        return self._closed
+        return self.http.closed
 
     async def start(self, timeout: float = 120.0) -> None:
-        """Wait until the server is healthy (``GET /health``), then read what it serves.
-
-        Raises :class:`EngineUnavailableError` if it is not healthy within ``timeout`` seconds."""
+        """Wait until the server is healthy (:meth:`wait_ready`), then learn what it serves and
+        its weight version. Cancelling the call ends the wait."""
         await self.wait_ready(timeout)
-        await self._after_ready()
-
-    async def wait_ready(self, timeout: float = 120.0) -> None:
-        """Poll the server's health endpoint until it answers 200 (with backoff up to 2 s)."""
-        self._check_open()
-        deadline = time.monotonic() + timeout
-        delay = 0.1
-        last = "no answer yet"
-        while True:
-            try:
-                reply = await self._http().get(self.url + self._health_path)
-                if reply.status_code == 200:
-                    return
-                last = f"HTTP {reply.status_code}"
-            except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            if time.monotonic() + delay > deadline:
-                raise EngineUnavailableError(
-                    f"{self._name} server {self.url} not ready after {timeout:.0f} s (last: {last}); "
-                    f"is it running? {self._start_hint}"
-                )
-            await asyncio.sleep(delay)
-            delay = min(2.0, delay * 2)
-
-    async def _after_ready(self) -> None:
-        label = await self._server_version_label()
+        label = await self.adapter.connect(self.http)
         if label is not None:
-            self._version = self._parse_version(label, "at start")
+            self._version = self._parse_version(label, f"{self.url} (at start)")
+
+    async def wait_ready(
+        self, timeout: float = 120.0, *, on_wait: Callable[[str], None] | None = None
+    ) -> None:
+        """Probe the server's health endpoint until it answers 200 (backoff up to 2 s); raises
+        :class:`EngineUnavailableError` if it does not within ``timeout`` seconds.
+        ``on_wait(why)`` is called once if the first probe fails and the wait begins."""
+        self.http.check_open()
+        path = self.adapter.health_path
+        last = await self.http.wait_healthy(path, timeout, on_wait=on_wait)
+        if last is not None:
+            raise EngineUnavailableError(
+                f"{self.adapter.name} server {self.url} not ready after {timeout:g} s (GET "
+                f"{path}: {last}); is it running? {self.http.start_hint}"
+            )
 
     async def aclose(self) -> None:
         """Abort every in-flight request (each ``agenerate`` returns its partial output) and close
         the connection pool. Idempotent."""
-        if self._closed:
+        if self.closed:
             return
         for rid in list(self._live):
             with contextlib.suppress(Exception):
                 await self.abort(rid)
-        self._closed = True
-        if self._client is not None:
-            with contextlib.suppress(Exception):
-                await self._client.aclose()
-        self._client = None
+        await self.http.aclose()
 
-    async def __aenter__(self) -> HTTPEngine:
+    async def __aenter__(self: _E) -> _E:
         await self.start()
         return self
 
@@ -302,7 +290,7 @@ class HTTPEngine:
 
     async def agenerate(self, request: GenerateRequest) -> GenerateResponse:
         """Generate one sequence (see the module docstring for versions and interruptions)."""
-        self._check_open()
+        self.http.check_open()
         if request.sampling.n != 1:
             raise ProtocolError(
                 f"request {request.request_id!r}: sampling.n={request.sampling.n}; engines take "
@@ -351,27 +339,27 @@ class HTTPEngine:
             return None
 
     async def pause(self) -> None:
-        """Freeze generation on the server between tokens (``/pause?mode=keep``); in-flight
-        requests are kept and new ones wait. Needs the dev-mode endpoints."""
-        self._check_open()
-        await self._pause_server(keep=True)
+        """Freeze generation on the server between tokens; in-flight requests are kept and new
+        ones wait."""
+        self.http.check_open()
+        await self.adapter.pause(self.http, keep=True)
         self._user_paused = True
 
     async def resume(self) -> None:
         """Continue after :meth:`pause`."""
-        self._check_open()
-        await self._resume_server()
+        self.http.check_open()
+        await self.adapter.resume(self.http)
         self._user_paused = False
 
     async def update_weights(self, source: WeightSource, version: int) -> None:
         """Reload the weights from the checkpoint directory ``source`` (a path the *server* can
-        read) and set the version; see the module docstring for in-flight requests."""
-        self._check_open()
+        read) and set the version; see docs/vllm.md for in-flight requests."""
+        self.http.check_open()
         if not isinstance(version, int) or isinstance(version, bool):
             raise ProtocolError(f"update_weights(version={version!r}): must be an int")
-        path: str | _IPCHandles
+        path: str | IPCHandles
         if isinstance(source, Mapping):
-            path = self._state_dict_source(source, version)
+            path = self.adapter.state_dict_source(source, version)
         else:
             path = os.path.abspath(os.fspath(source))
         lock = self._lock()
@@ -386,7 +374,7 @@ class HTTPEngine:
             self._version = version
             self._counts.weight_updates += 1
             self._update_seconds.append(time.monotonic() - started)
-        _log.info("%s %s: weights from %s, version %d", self._name, self.url, path, version)
+        _log.info("%s %s: weights from %s, version %d", self.adapter.name, self.url, path, version)
 
     # -- statistics -----------------------------------------------------------------------------
 
@@ -407,6 +395,7 @@ class HTTPEngine:
             version=self._version,
             in_flight=len(self._live),
             update_seconds=tuple(self._update_seconds),
+            retries=self.http.retried,
             **dataclasses.asdict(self._counts),
         )
 
@@ -423,7 +412,7 @@ class HTTPEngine:
                 finish = "abort"
                 break
             remaining = budget - len(live.ids)
-            if remaining <= 0 or self._context_full(len(request.input_ids) + len(live.ids)):
+            if remaining <= 0 or self.adapter.context_full(len(request.input_ids) + len(live.ids)):
                 finish = "length"
                 break
             live.interrupted = False
@@ -447,7 +436,7 @@ class HTTPEngine:
             if not task.cancelled():
                 try:
                     reason = task.result()
-                except _StreamBroken as exc:
+                except StreamBroken as exc:
                     broken = str(exc)
             if live.is_aborted():
                 finish = "abort"
@@ -467,18 +456,19 @@ class HTTPEngine:
             elif reason is None:
                 # The stream broke or ended without a finish reason: continue as a new segment.
                 stream_failures += 1
-                if stream_failures > self._retries:
-                    raise EngineUnavailableError(
-                        f"{self._name} server {self.url}: the stream of request "
+                await self.http.retry(
+                    stream_failures,
+                    EngineUnavailableError(
+                        f"{self.adapter.name} server {self.url}: the stream of request "
                         f"{request.request_id!r} ended early {stream_failures} times "
                         f"({broken or 'no finish reason'}); is the server overloaded or "
                         "restarting?"
-                    )
+                    ),
+                )
                 self._counts.stream_retries += 1
-                await self._wait_before_retry(stream_failures)
             else:
                 raise EngineAPIError(
-                    f"{self._name} server {self.url}: request {request.request_id!r} finished "
+                    f"{self.adapter.name} server {self.url}: request {request.request_id!r} finished "
                     f"with finish_reason={reason!r}; the server log says why"
                 )
         self._counts.output_tokens += len(live.ids)
@@ -494,44 +484,53 @@ class HTTPEngine:
 
     async def _segment(self, live: _Live, max_tokens: int, version: int) -> str | None:
         """Stream one segment; returns the server's finish reason (``None``: stream ended without
-        one). Raises :class:`_StreamBroken` on a transport error after the stream opened."""
+        one). Raises :class:`StreamBroken` on a transport error after the stream opened."""
         request = live.request
-        prompt = [*request.input_ids, *live.ids]
-        seed = (live.seed + live.segments - 1) % _SEED_MOD
         live.server_rid = f"{self._tag}-{request.request_id}-{live.segments}"
-        path, body = self._generate_body(live, prompt, max_tokens, seed)
+        path, body = self.adapter.generate_body(
+            SegmentRequest(
+                request,
+                live.server_rid,
+                [*request.input_ids, *live.ids],
+                max_tokens,
+                (live.seed + live.segments - 1) % _SEED_MOD,
+            )
+        )
+        where = self.url + path
         finish: str | None = None
-        async for chunk in self._stream(path, body):
-            n = len(chunk.token_ids)
-            if n:
-                if len(chunk.logprobs) != n:
-                    raise EngineAPIError(
-                        f"{self._name} server {self.url}{path}: a chunk had {n} token ids but "
-                        f"{len(chunk.logprobs)} log-probs; the server does not return per-token "
-                        "log-probs as expected"
-                    )
-                label = chunk.version_label
-                token_version = version if label is None else self._parse_version(label, path)
-                live.ids.extend(chunk.token_ids)
-                live.logprobs.extend(chunk.logprobs)
-                live.versions.extend([token_version] * n)
-            if chunk.spans is not None:
-                self._apply_spans(live, chunk.spans, path)
+        async for obj in self.http.stream(path, body, self.adapter.generate_hint):
+            chunk = self.adapter.parse_chunk(obj, where, len(live.ids) - live.segment_start)
+            self._take(live, chunk, version, where)
             if chunk.finish_reason is not None:
                 finish = chunk.finish_reason
         return finish
 
-    def _apply_spans(self, live: _Live, spans: list[tuple[str, int, int]], path: str) -> None:
+    def _take(self, live: _Live, chunk: Chunk, version: int, where: str) -> None:
+        """Add ``chunk``'s tokens to ``live``, each with the version that sampled it."""
+        name = self.adapter.name
+        n = len(chunk.token_ids)
+        if n:
+            if len(chunk.logprobs) != n:
+                raise EngineAPIError(
+                    f"{name} server {where}: a chunk had {n} token ids but "
+                    f"{len(chunk.logprobs)} log-probs; the server does not return per-token "
+                    "log-probs as expected"
+                )
+            label = chunk.version_label
+            token_version = version if label is None else self._parse_version(label, where)
+            live.ids.extend(chunk.token_ids)
+            live.logprobs.extend(chunk.logprobs)
+            live.versions.extend([token_version] * n)
         base = live.segment_start
-        for label, start, end in spans:
+        for label, start, end in chunk.spans or ():
             if not 0 <= start <= end <= len(live.ids) - base:
                 raise EngineAPIError(
-                    f"{self._name} server {self.url}{path}: weight_versions span "
-                    f"[{start}, {end}) is outside the {len(live.ids) - base} tokens received"
+                    f"{name} server {where}: weight_versions span [{start}, {end}) is outside "
+                    f"the {len(live.ids) - base} tokens received"
                 )
-            version = self._parse_version(label, path)
+            span_version = self._parse_version(label, where)
             for i in range(base + start, base + end):
-                live.versions[i] = version
+                live.versions[i] = span_version
 
     async def _stop_segment(self, live: _Live) -> None:
         """End the live segment of an aborted or interrupted request."""
@@ -539,11 +538,15 @@ class HTTPEngine:
         if task is None or task.done():
             return
         try:
-            asked = await self._server_abort(live)
+            rid = live.server_rid
+            asked = rid is not None and await self.adapter.abort(self.http, rid)
         except (EngineAPIError, EngineUnavailableError) as exc:
             # Disconnecting still stops the request; only the final chunk is lost.
             _log.warning(
-                "%s %s: server-side abort failed (%s); disconnecting", self._name, self.url, exc
+                "%s %s: server-side abort failed (%s); disconnecting",
+                self.adapter.name,
+                self.url,
+                exc,
             )
             asked = False
         if asked:
@@ -571,23 +574,7 @@ class HTTPEngine:
                 with contextlib.suppress(BaseException):
                     await asyncio.wait({task})
 
-    # -- HTTP -----------------------------------------------------------------------------------
-
-    async def _wait_before_retry(self, attempt: int) -> None:
-        """The one retry policy: wait ``backoff * 2**(attempt - 1)`` seconds before retry number
-        ``attempt`` (from 1). The caller has checked ``attempt`` against ``retries`` and counted
-        the retry."""
-        await asyncio.sleep(self._backoff * 2 ** (attempt - 1))
-
-    def _http(self) -> httpx.AsyncClient:
-        self._check_open()
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            # A pool belongs to one event loop; a caller that moves to another loop (a second
-            # asyncio.run) gets a fresh pool instead of sockets bound to a dead loop.
-            self._client = httpx.AsyncClient(timeout=self._timeout, limits=self._limits)
-            self._client_loop = loop
-        return self._client
+    # -- helpers --------------------------------------------------------------------------------
 
     def _gate_event(self) -> asyncio.Event:
         if self._gate is None:
@@ -600,112 +587,6 @@ class HTTPEngine:
             self._update_lock = asyncio.Lock()
         return self._update_lock
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineClosedError(
-                f"{self._name} engine for {self.url} is closed; create a new engine to continue"
-            )
-
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        json_body: Any = None,
-        params: Mapping[str, str] | None = None,
-        hint: str = "",
-        timeout: float | None = None,
-    ) -> httpx.Response:
-        """One request with retries on transient errors; raises the engine's errors."""
-        attempt = 0
-        while True:
-            try:
-                reply = await self._http().request(
-                    method,
-                    self.url + path,
-                    json=json_body,
-                    params=params,
-                    timeout=self._timeout if timeout is None else timeout,
-                )
-            except httpx.TransportError as exc:
-                if attempt >= self._retries:
-                    raise EngineUnavailableError(
-                        f"{self._name} server {self.url} unreachable: {method} {path} failed "
-                        f"{attempt + 1} times ({type(exc).__name__}: {exc}); is it running? "
-                        f"{self._start_hint}"
-                    ) from exc
-            else:
-                if reply.status_code not in _TRANSIENT_STATUS or attempt >= self._retries:
-                    self._raise_for_status(reply, method, path, hint)
-                    return reply
-            attempt += 1
-            self._counts.retries += 1
-            await self._wait_before_retry(attempt)
-
-    def _raise_for_status(self, reply: httpx.Response, method: str, path: str, hint: str) -> None:
-        code = reply.status_code
-        if code < 400:
-            return
-        detail = reply.text[:500].strip()
-        if code in (404, 405) or (code == 403 and hint):
-            raise EngineAPIError(
-                f"{self._name} server {self.url}: {method} {path} answered {code} "
-                f"({detail or 'no body'}); {hint or 'the server does not offer this endpoint'}"
-            )
-        if code >= 500:
-            raise EngineUnavailableError(
-                f"{self._name} server {self.url}: {method} {path} answered {code} after "
-                f"{self._retries + 1} attempts ({detail}); see the server log"
-            )
-        raise EngineAPIError(
-            f"{self._name} server {self.url}: {method} {path} rejected the request with {code}: "
-            f"{detail}"
-        )
-
-    async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[_Chunk]:
-        """POST ``body`` and yield the parsed chunks of the server-sent-event stream."""
-        attempt = 0
-        while True:
-            received = False
-            try:
-                async with self._http().stream("POST", self.url + path, json=body) as reply:
-                    if reply.status_code >= 400:
-                        await reply.aread()
-                        if reply.status_code in _TRANSIENT_STATUS and attempt < self._retries:
-                            raise _Retry()
-                        self._raise_for_status(reply, "POST", path, self._generate_hint)
-                    async for line in reply.aiter_lines():
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            return
-                        try:
-                            obj = json.loads(data)
-                        except ValueError as exc:
-                            raise EngineAPIError(
-                                f"{self._name} server {self.url}{path}: a stream chunk is not "
-                                f"JSON ({data[:200]!r})"
-                            ) from exc
-                        chunk = self._parse_chunk(obj, path)
-                        received = True
-                        yield chunk
-                    return
-            except _Retry:
-                pass
-            except httpx.TransportError as exc:
-                if received:
-                    raise _StreamBroken(f"{type(exc).__name__}: {exc}") from exc
-                if attempt >= self._retries:
-                    raise EngineUnavailableError(
-                        f"{self._name} server {self.url} unreachable: POST {path} failed "
-                        f"{attempt + 1} times ({type(exc).__name__}: {exc}); is it running? "
-                        f"{self._start_hint}"
-                    ) from exc
-            attempt += 1
-            self._counts.retries += 1
-            await self._wait_before_retry(attempt)
-
     def _parse_version(self, label: Any, where: str) -> int:
         if label is None or label == "default":
             return self._initial_version
@@ -713,96 +594,21 @@ class HTTPEngine:
             return int(str(label))
         except ValueError:
             raise EngineAPIError(
-                f"{self._name} server {self.url}: weight version {label!r} ({where}) is not an "
+                f"{self.adapter.name} server {where}: weight version {label!r} is not an "
                 "integer; stalebound labels weights with integer versions, so reset it through "
                 "update_weights or restart the server"
             ) from None
 
-    # -- hooks the concrete engines fill in -----------------------------------------------------
-
-    _health_path: str = "/health"
-    _start_hint: str = ""
-    _generate_hint: str = ""
-
-    def _generate_body(
-        self, live: _Live, prompt: list[int], max_tokens: int, seed: int
-    ) -> tuple[str, dict[str, Any]]:
-        raise NotImplementedError
-
-    def _parse_chunk(self, obj: Any, path: str) -> _Chunk:
-        raise NotImplementedError
-
-    def _context_full(self, length: int) -> bool:
-        """Whether a sequence of ``length`` tokens leaves no room in the model's context."""
-        return False
-
-    async def _server_abort(self, live: _Live) -> bool:
-        """Ask the server to abort ``live``'s segment; ``False`` if the engine aborts by
-        disconnecting instead."""
-        return False
-
-    async def _server_version_label(self) -> str | None:
-        raise NotImplementedError
-
-    async def _pause_server(self, *, keep: bool) -> None:
-        raise NotImplementedError
-
-    async def _resume_server(self) -> None:
-        raise NotImplementedError
-
-    def _state_dict_source(self, source: Mapping[str, Any], version: int) -> _IPCHandles:
-        raise ProtocolError(
-            f"update_weights(source=<state dict>, version={version}): an HTTP engine reloads "
-            "weights from a checkpoint directory the server can read; save the state dict "
-            "with save_pretrained (or safetensors) into a directory and pass its path"
-        )
-
-    async def _reload(self, path: str | _IPCHandles, version: int) -> None:
-        """Load the weights in ``path`` on the paused server and label them ``version``."""
-        raise NotImplementedError
-
-    async def _swap_weights(self, path: str | _IPCHandles, version: int) -> None:
+    async def _swap_weights(self, path: str | IPCHandles, version: int) -> None:
         """Interrupt (resubmit mode) or keep (continue mode) what is in flight, pause the server
         unless the user already has, reload, and resume."""
         continue_mode = self.interrupt_mode == "continue"
         if not continue_mode:
             await self._interrupt_all()
         if not self._user_paused:
-            await self._pause_server(keep=continue_mode)
+            await self.adapter.pause(self.http, keep=continue_mode)
         try:
-            await self._reload(path, version)
+            await self.adapter.reload(self.http, path, version)
         finally:
             if not self._user_paused:
-                await self._resume_server()
-
-
-class _Retry(Exception):
-    """Internal: a transient status before any chunk; try the stream again."""
-
-
-class _StreamBroken(Exception):
-    """Internal: the stream broke after tokens arrived; resume as a new segment."""
-
-
-@dataclass(frozen=True)
-class _IPCHandles:
-    """A state dict on the server's GPU, as CUDA IPC handles (and the tensors they point at, kept
-    alive until the server has loaded them)."""
-
-    handles: str
-    tensors: Mapping[str, Any]
-
-    def __str__(self) -> str:
-        return "<CUDA IPC state dict>"
-
-
-def _json(reply: httpx.Response, path: str, url: str, *, allow_empty: bool = False) -> Any:
-    if allow_empty and not reply.content:
-        return None
-    try:
-        return reply.json()
-    except ValueError:
-        raise EngineAPIError(
-            f"server {url}{path}: answered {reply.status_code} with a body that is not JSON "
-            f"({reply.text[:200]!r})"
-        ) from None
+                await self.adapter.resume(self.http)

@@ -5,20 +5,140 @@
 /pause_generation`` / ``POST /continue_generation``, ``POST /update_weights_from_disk`` (with
 ``weight_version``), ``GET /get_weight_version``. **It is not tested against a real SGLang server**
 (SGLang needs a GPU build that does not run on the CPU machines this project is tested on); its
-request and response shaping is unit-tested against a fake server. See its docstring.
+request and response shaping is unit-tested against a fake server. See its docstring. The wire
+format is :class:`SGLangAdapter`; the engine is :class:`~stalebound.engines.http.HTTPEngine` with it.
 
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from stalebound.engines.http import EngineAPIError, HTTPEngine, _Chunk, _IPCHandles, _json, _Live
+from stalebound.engines.http import EngineAPIError, HTTPEngine
+from stalebound.engines.http_adapter import (
+    Chunk,
+    IPCHandles,
+    SegmentRequest,
+    directories_only,
+    url_port,
+)
+from stalebound.engines.http_transport import HTTPTransport
 
-__all__ = ["SGLangEngine"]
+__all__ = ["SGLangAdapter", "SGLangEngine"]
 
 
-class SGLangEngine(HTTPEngine):
+class SGLangAdapter:
+    """SGLang's native API (a :class:`~stalebound.engines.http_adapter.ServerAdapter`); see
+    :class:`SGLangEngine` for what it sends and what is untested."""
+
+    name = "SGLang"
+    health_path = "/health"
+    generate_hint = "not an SGLang server (no native /generate endpoint)"
+
+    def start_hint(self, url: str) -> str:
+        port = url_port(url)
+        return (
+            f"start it with python -m sglang.launch_server --model-path ... --port {port or '...'}"
+        )
+
+    def problems(self, interrupt_mode: str) -> list[str]:
+        return []
+
+    async def connect(self, http: HTTPTransport) -> str | None:
+        """The weight version (``GET /get_weight_version``; ``None`` on a server without it)."""
+        try:
+            data = await http.call_json("GET", "/get_weight_version")
+        except EngineAPIError:
+            return None
+        label = data.get("weight_version") if isinstance(data, dict) else None
+        return None if label is None else str(label)
+
+    def context_full(self, length: int) -> bool:
+        return False  # the server answers 'length' itself
+
+    def generate_body(self, segment: SegmentRequest) -> tuple[str, dict[str, Any]]:
+        sampling = segment.request.sampling
+        return "/generate", {
+            "rid": segment.server_rid,
+            "input_ids": segment.prompt,
+            "sampling_params": {
+                "max_new_tokens": segment.max_tokens,
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "stop_token_ids": list(sampling.stop_token_ids),
+                "ignore_eos": sampling.ignore_eos,
+                "sampling_seed": segment.seed,
+            },
+            "return_logprob": True,
+            "stream": True,
+        }
+
+    def parse_chunk(self, obj: Any, where: str, received: int) -> Chunk:
+        if not isinstance(obj, dict) or not isinstance(obj.get("meta_info"), dict):
+            if isinstance(obj, dict) and "error" in obj:
+                raise EngineAPIError(f"SGLang server {where}: {obj['error']}")
+            raise EngineAPIError(
+                f"SGLang server {where}: unexpected chunk {str(obj)[:200]!r} (no "
+                "meta_info); is this an SGLang server?"
+            )
+        meta = obj["meta_info"]
+        ids = obj.get("output_ids") or []
+        triples = meta.get("output_token_logprobs") or []
+        total = meta.get("completion_tokens")
+        # Cumulative chunks hold every token so far; incremental ones only the new tokens.
+        # A cumulative chunk is recognised by holding completion_tokens ids.
+        if isinstance(total, int) and len(ids) == total and total >= received:
+            new_ids = ids[received:]
+            new_triples = triples[received:] if len(triples) == total else triples[-len(new_ids) :]
+        else:
+            new_ids = ids
+            new_triples = triples
+        if not new_ids:
+            new_triples = []
+        finish = meta.get("finish_reason")
+        reason = finish.get("type") if isinstance(finish, dict) else finish
+        version = meta.get("weight_version")
+        return Chunk(
+            token_ids=[int(t) for t in new_ids],
+            logprobs=[float(t[0]) for t in new_triples],
+            finish_reason=None if reason is None else str(reason),
+            version_label=None if version is None else str(version),
+        )
+
+    async def abort(self, http: HTTPTransport, server_rid: str) -> bool:
+        await http.call("POST", "/abort_request", json_body={"rid": server_rid})
+        return True
+
+    async def pause(self, http: HTTPTransport, *, keep: bool) -> None:
+        await http.call(
+            "POST", "/pause_generation", json_body={"mode": "in_place" if keep else "abort"}
+        )
+
+    async def resume(self, http: HTTPTransport) -> None:
+        await http.call("POST", "/continue_generation", json_body={})
+
+    def state_dict_source(self, source: Mapping[str, Any], version: int) -> IPCHandles:
+        raise directories_only(version)
+
+    async def reload(self, http: HTTPTransport, source: str | IPCHandles, version: int) -> None:
+        data = await http.call_json(
+            "POST",
+            "/update_weights_from_disk",
+            json_body={
+                "model_path": source,
+                "weight_version": str(version),
+                "abort_all_requests": False,
+            },
+        )
+        if isinstance(data, dict) and data.get("success") is False:
+            raise EngineAPIError(
+                f"SGLang server {http.url}: update_weights_from_disk({source!r}) failed: "
+                f"{data.get('message')}"
+            )
+
+
+class SGLangEngine(HTTPEngine[SGLangAdapter]):
     """An engine backed by an SGLang server's native API. **Untested against a real SGLang server**.
 
     What it sends (shapes taken from SGLang's ``http_server.py`` / ``io_struct.py``, only
@@ -45,108 +165,6 @@ class SGLangEngine(HTTPEngine):
     ignores the body.
     """
 
-    _name = "SGLang"
-    _start_hint = "start it with python -m sglang.launch_server --model-path ... --port ..."
-    _generate_hint = "not an SGLang server (no native /generate endpoint)"
-
-    def _generate_body(
-        self, live: _Live, prompt: list[int], max_tokens: int, seed: int
-    ) -> tuple[str, dict[str, Any]]:
-        sampling = live.request.sampling
-        return "/generate", {
-            "rid": live.server_rid,
-            "input_ids": prompt,
-            "sampling_params": {
-                "max_new_tokens": max_tokens,
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "stop_token_ids": list(sampling.stop_token_ids),
-                "ignore_eos": sampling.ignore_eos,
-                "sampling_seed": seed,
-            },
-            "return_logprob": True,
-            "stream": True,
-        }
-
-    def _parse_chunk(self, obj: Any, path: str) -> _Chunk:
-        if not isinstance(obj, dict) or not isinstance(obj.get("meta_info"), dict):
-            if isinstance(obj, dict) and "error" in obj:
-                raise EngineAPIError(f"SGLang server {self.url}{path}: {obj['error']}")
-            raise EngineAPIError(
-                f"SGLang server {self.url}{path}: unexpected chunk {str(obj)[:200]!r} (no "
-                "meta_info); is this an SGLang server?"
-            )
-        meta = obj["meta_info"]
-        ids = obj.get("output_ids") or []
-        triples = meta.get("output_token_logprobs") or []
-        total = meta.get("completion_tokens")
-        # Cumulative chunks hold every token so far; incremental ones only the new tokens.
-        # A cumulative chunk is recognised by holding completion_tokens ids.
-        rid = str(meta.get("id", ""))
-        seen = self._seen.get(rid, 0)
-        if isinstance(total, int) and len(ids) == total and total >= seen:
-            new_ids = ids[seen:]
-            new_triples = triples[seen:] if len(triples) == total else triples[-len(new_ids) :]
-            self._seen[rid] = total
-        else:
-            new_ids = ids
-            new_triples = triples
-            self._seen[rid] = seen + len(ids)
-        if not new_ids:
-            new_triples = []
-        logprobs = [float(t[0]) for t in new_triples]
-        finish = meta.get("finish_reason")
-        reason = finish.get("type") if isinstance(finish, dict) else finish
-        if reason is not None:
-            self._seen.pop(rid, None)
-        version = meta.get("weight_version")
-        return _Chunk(
-            token_ids=[int(t) for t in new_ids],
-            logprobs=logprobs,
-            finish_reason=None if reason is None else str(reason),
-            version_label=None if version is None else str(version),
-        )
-
     def __init__(self, url: str, **kwargs: Any) -> None:
-        super().__init__(url, **kwargs)
-        self._seen: dict[str, int] = {}
-
-    async def _server_abort(self, live: _Live) -> bool:
-        if live.server_rid is None:
-            return False
-        await self._call("POST", "/abort_request", json_body={"rid": live.server_rid})
-        return True
-
-    async def _server_version_label(self) -> str | None:
-        try:
-            reply = await self._call("GET", "/get_weight_version")
-        except EngineAPIError:
-            return None
-        data = _json(reply, "/get_weight_version", self.url)
-        label = data.get("weight_version") if isinstance(data, dict) else None
-        return None if label is None else str(label)
-
-    async def _pause_server(self, *, keep: bool) -> None:
-        await self._call(
-            "POST", "/pause_generation", json_body={"mode": "in_place" if keep else "abort"}
-        )
-
-    async def _resume_server(self) -> None:
-        await self._call("POST", "/continue_generation", json_body={})
-
-    async def _reload(self, path: str | _IPCHandles, version: int) -> None:
-        reply = await self._call(
-            "POST",
-            "/update_weights_from_disk",
-            json_body={
-                "model_path": path,
-                "weight_version": str(version),
-                "abort_all_requests": False,
-            },
-        )
-        data = _json(reply, "/update_weights_from_disk", self.url)
-        if isinstance(data, dict) and data.get("success") is False:
-            raise EngineAPIError(
-                f"SGLang server {self.url}: update_weights_from_disk({path!r}) failed: "
-                f"{data.get('message')}"
-            )
+        """``kwargs``: the :class:`~stalebound.engines.http.HTTPEngine` settings."""
+        super().__init__(url, SGLangAdapter(), **kwargs)

@@ -1,8 +1,9 @@
 """Engines over HTTP: a vLLM server (:class:`VLLMEngine`) and an SGLang server (:class:`SGLangEngine`).
 
 What every HTTP engine shares (streaming, retries, errors, seeds) is in
-:mod:`stalebound.engines.http`; this module holds the vLLM wire formats, and re-exports the
-SGLang engine (:mod:`stalebound.engines.sglang`) and the shared errors so that
+:mod:`stalebound.engines.http`; this module holds the vLLM wire formats (:class:`VLLMAdapter`) and
+the engine made of them (:class:`VLLMEngine`), and re-exports the SGLang engine
+(:mod:`stalebound.engines.sglang`) and the shared errors so that
 ``from stalebound.engines.vllm import ...`` keeps working.
 
 Wire formats (``VLLMEngine(api=...)``):
@@ -52,6 +53,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from typing import Any, Final, Literal, TypeAlias
+from urllib.parse import urlsplit
 
 from stalebound.core.errors import ConfigError, ProtocolError
 from stalebound.engines.http import (
@@ -60,11 +62,15 @@ from stalebound.engines.http import (
     HTTPEngine,
     HTTPEngineStatistics,
     InterruptMode,
-    _Chunk,
-    _IPCHandles,
-    _json,
-    _Live,
 )
+from stalebound.engines.http_adapter import (
+    Chunk,
+    IPCHandles,
+    SegmentRequest,
+    directories_only,
+    url_port,
+)
+from stalebound.engines.http_transport import HTTPTransport
 from stalebound.engines.sglang import SGLangEngine
 
 __all__ = [
@@ -73,103 +79,104 @@ __all__ = [
     "HTTPEngineStatistics",
     "InterruptMode",
     "SGLangEngine",
+    "VLLMAdapter",
     "VLLMApi",
     "VLLMEngine",
 ]
 
 VLLMApi: TypeAlias = Literal["completions", "generate"]
+WeightTransfer: TypeAlias = Literal["disk", "cuda_ipc"]
 
 _log = logging.getLogger(__name__)
 
+_DEV_HINT: Final[str] = (
+    "this is a dev-mode endpoint: start the server with VLLM_SERVER_DEV_MODE=1 in its "
+    "environment (stalebound serve-vllm does)"
+)
 
-def _choice(obj: Any, path: str, url: str, name: str) -> dict[str, Any]:
+
+def _choice(obj: Any, where: str) -> dict[str, Any]:
     choices = obj.get("choices") if isinstance(obj, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         if isinstance(obj, dict) and "error" in obj:
-            raise EngineAPIError(f"{name} server {url}{path}: error in stream: {obj['error']}")
+            raise EngineAPIError(f"vLLM server {where}: error in stream: {obj['error']}")
         raise EngineAPIError(
-            f"{name} server {url}{path}: unexpected stream chunk {str(obj)[:200]!r} (no "
+            f"vLLM server {where}: unexpected stream chunk {str(obj)[:200]!r} (no "
             "'choices'); is this an OpenAI-compatible vLLM server?"
         )
     choice: dict[str, Any] = choices[0]
     return choice
 
 
-class VLLMEngine(HTTPEngine):
-    """An engine backed by a vLLM server (see the module docstring).
+class VLLMAdapter:
+    """The vLLM server's wire formats and dev-mode endpoints (a
+    :class:`~stalebound.engines.http_adapter.ServerAdapter`); see the module docstring.
 
-    ``url``: the server's base URL. ``model``: the served model name (default: the first one
-    ``GET /v1/models`` lists, read by :meth:`start`). ``api``: ``"completions"`` or
-    ``"generate"``. ``interrupt_mode``: ``"resubmit"`` or ``"continue"`` (needs ``api="generate"``).
-    ``initial_version``: the version of a server that reports ``"default"``. ``seed``: derives
-    per-request seeds for requests without one. ``timeout``/``connect_timeout``: seconds per HTTP
-    operation (a stream's read timeout is the longest pause between two chunks). ``retries`` and
-    ``backoff``: transient errors are retried ``retries`` times, waiting ``backoff * 2**k`` s.
-    ``abort_timeout``: how long an abort on the token endpoint waits for the server's final chunk
-    (which carries the versions) before it disconnects instead. ``max_connections``: the size of
-    the connection pool (one connection per streaming request in flight). ``weight_transfer``:
-    ``"disk"`` reloads a checkpoint directory; ``"cuda_ipc"`` also takes a state dict of CUDA
-    tensors on the server's GPU and hands it over without the CPU (see
-    :mod:`stalebound.engines.vllm_ipc`).
-
-    Call ``await engine.start()`` (or use ``async with``) before generating; it waits for the
-    server and learns the model name, its context length and its weight version.
+    ``api``: ``"completions"`` or ``"generate"``. ``model``: the served model name (``None``: the
+    first one ``GET /v1/models`` lists, learnt by :meth:`connect`). ``weight_transfer``:
+    ``"disk"`` or ``"cuda_ipc"``.
     """
 
-    _name = "vLLM"
-    _start_hint = "start one with `stalebound serve-vllm` (or make test-vllm)"
+    name = "vLLM"
+    health_path = "/health"
 
     def __init__(
         self,
-        url: str,
         *,
-        model: str | None = None,
         api: VLLMApi = "completions",
-        weight_transfer: Literal["disk", "cuda_ipc"] = "disk",
-        **kwargs: Any,
+        model: str | None = None,
+        weight_transfer: WeightTransfer = "disk",
     ) -> None:
-        """``kwargs``: the :class:`HTTPEngine` settings (``interrupt_mode``, ``seed``, ``timeout``,
-        ``retries``, ...)."""
+        self.api: VLLMApi = api
+        self.model = model
+        self.weight_transfer: WeightTransfer = weight_transfer
+        self.max_model_len: int | None = None
+        if api == "generate":
+            self.generate_hint = (
+                "the token endpoint /inference/v1/generate needs the server started with "
+                "--enable-scale-out (stalebound serve-vllm does), or use api='completions'"
+            )
+        else:
+            self.generate_hint = (
+                "this server has no OpenAI-compatible /v1/completions; start vLLM with "
+                "python -m vllm.entrypoints.openai.api_server"
+            )
+
+    def start_hint(self, url: str) -> str:
+        host = urlsplit(url).hostname or "127.0.0.1"
+        host_flag = "" if host in ("127.0.0.1", "localhost") else f" --host {host}"
+        port = url_port(url)
+        port_flag = f" --port {port}" if port not in (None, 8000) else ""
+        return f"start one with `stalebound serve-vllm{host_flag}{port_flag}` (or make test-vllm)"
+
+    def problems(self, interrupt_mode: str) -> list[str]:
         problems = []
-        if weight_transfer not in ("disk", "cuda_ipc"):
+        if self.weight_transfer not in ("disk", "cuda_ipc"):
             problems.append(
-                f"weight_transfer={weight_transfer!r}: must be 'disk' (reload a checkpoint "
+                f"weight_transfer={self.weight_transfer!r}: must be 'disk' (reload a checkpoint "
                 "directory) or 'cuda_ipc' (a state dict on the server's GPU)"
             )
-        if api not in ("completions", "generate"):
-            problems.append(f"api={api!r}: must be 'completions' or 'generate'")
-        elif kwargs.get("interrupt_mode") == "continue" and api != "generate":
+        if self.api not in ("completions", "generate"):
+            problems.append(f"api={self.api!r}: must be 'completions' or 'generate'")
+        elif interrupt_mode == "continue" and self.api != "generate":
             problems.append(
                 "interrupt_mode='continue' with api='completions': the completions stream does "
                 "not say which weights produced each token, so in-flight requests cannot keep "
                 "exact versions across an update; use api='generate' (server started with "
                 "--enable-scale-out) or interrupt_mode='resubmit'"
             )
-        super().__init__(url, problems=problems, **kwargs)
-        self.api: VLLMApi = api
-        self.weight_transfer = weight_transfer
-        self.model = model
-        self.max_model_len: int | None = None
-        if api == "generate":
-            self._generate_hint = (
-                "the token endpoint /inference/v1/generate needs the server started with "
-                "--enable-scale-out (stalebound serve-vllm does), or use api='completions'"
-            )
-        else:
-            self._generate_hint = (
-                "this server has no OpenAI-compatible /v1/completions; start vLLM with "
-                "python -m vllm.entrypoints.openai.api_server"
-            )
+        return problems
 
-    async def _after_ready(self) -> None:
-        reply = await self._call(
+    async def connect(self, http: HTTPTransport) -> str | None:
+        """Learn the model name and its context length (``GET /v1/models``), and the weight
+        version (``GET /weight_info``; ``None`` without dev mode)."""
+        data = await http.call_json(
             "GET", "/v1/models", hint="not an OpenAI-compatible server (no /v1/models)"
         )
-        data = _json(reply, "/v1/models", self.url)
         models = data.get("data") if isinstance(data, dict) else None
         if not isinstance(models, list) or not models:
             raise EngineAPIError(
-                f"vLLM server {self.url}: GET /v1/models listed no model ({str(data)[:200]})"
+                f"vLLM server {http.url}: GET /v1/models listed no model ({str(data)[:200]})"
             )
         entry = models[0]
         if self.model is None:
@@ -178,34 +185,35 @@ class VLLMEngine(HTTPEngine):
             names = [str(m.get("id")) for m in models]
             if self.model not in names:
                 raise ConfigError(
-                    f"model={self.model!r}: the server at {self.url} serves {names}; pass one of "
-                    "them or model=None"
+                    f"model={self.model!r}: the server at {http.url} serves {names}; pass one "
+                    "of them or model=None"
                 )
         length = entry.get("max_model_len")
         self.max_model_len = int(length) if isinstance(length, int) else None
-        await super()._after_ready()
+        try:
+            info = await http.call_json("GET", "/weight_info", hint=_DEV_HINT)
+        except EngineAPIError:
+            # Generation works without dev mode; updates will say what to enable.
+            _log.warning("vLLM server %s has no /weight_info (dev mode off)", http.url)
+            return None
+        label = info.get("weight_version") if isinstance(info, dict) else None
+        return None if label is None else str(label)
 
-    def _context_full(self, length: int) -> bool:
+    def context_full(self, length: int) -> bool:
         return self.max_model_len is not None and length >= self.max_model_len
 
-    _DEV_HINT: Final[str] = (
-        "this is a dev-mode endpoint: start the server with VLLM_SERVER_DEV_MODE=1 in its "
-        "environment (stalebound serve-vllm does)"
-    )
-
-    def _generate_body(
-        self, live: _Live, prompt: list[int], max_tokens: int, seed: int
-    ) -> tuple[str, dict[str, Any]]:
-        sampling = live.request.sampling
+    def generate_body(self, segment: SegmentRequest) -> tuple[str, dict[str, Any]]:
+        sampling = segment.request.sampling
+        max_tokens = segment.max_tokens
         if self.max_model_len is not None:
             # Ask for no more than the context holds, so the server answers 'length' instead
             # of rejecting the request.
-            max_tokens = max(1, min(max_tokens, self.max_model_len - len(prompt)))
+            max_tokens = max(1, min(max_tokens, self.max_model_len - len(segment.prompt)))
         params: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
-            "seed": seed,
+            "seed": segment.seed,
             "stop_token_ids": list(sampling.stop_token_ids),
             "ignore_eos": sampling.ignore_eos,
             "logprobs": 0,
@@ -213,8 +221,8 @@ class VLLMEngine(HTTPEngine):
         if self.api == "generate":
             params["detokenize"] = False
             return "/inference/v1/generate", {
-                "request_id": live.server_rid,
-                "token_ids": prompt,
+                "request_id": segment.server_rid,
+                "token_ids": segment.prompt,
                 "sampling_params": params,
                 "model": self.model,
                 "stream": True,
@@ -222,15 +230,15 @@ class VLLMEngine(HTTPEngine):
             }
         return "/v1/completions", {
             "model": self.model,
-            "prompt": prompt,
+            "prompt": segment.prompt,
             "stream": True,
             "return_token_ids": True,
             "skip_special_tokens": False,
             **params,
         }
 
-    def _parse_chunk(self, obj: Any, path: str) -> _Chunk:
-        choice = _choice(obj, path, self.url, self._name)
+    def parse_chunk(self, obj: Any, where: str, received: int) -> Chunk:
+        choice = _choice(obj, where)
         ids = choice.get("token_ids") or []
         logprobs: list[float] = []
         raw = choice.get("logprobs")
@@ -248,75 +256,117 @@ class VLLMEngine(HTTPEngine):
             ]
         if not isinstance(ids, list) or any(not isinstance(t, int) for t in ids):
             raise EngineAPIError(
-                f"vLLM server {self.url}{path}: chunk token_ids={ids!r} are not token ids; "
+                f"vLLM server {where}: chunk token_ids={ids!r} are not token ids; "
                 "stalebound needs vLLM >= 0.10 (return_token_ids)"
             )
         if ids and raw is None:
             raise EngineAPIError(
-                f"vLLM server {self.url}{path}: tokens arrived without log-probs; the server "
+                f"vLLM server {where}: tokens arrived without log-probs; the server "
                 "ignored logprobs=0 (is it started with --max-logprobs 0?)"
             )
-        return _Chunk(
+        return Chunk(
             token_ids=ids,
             logprobs=logprobs,
             finish_reason=choice.get("finish_reason"),
             spans=spans,
         )
 
-    async def _server_abort(self, live: _Live) -> bool:
-        if self.api != "generate" or live.server_rid is None:
+    async def abort(self, http: HTTPTransport, server_rid: str) -> bool:
+        if self.api != "generate":
             return False
         # The token endpoint names the request 'generate-tokens-<id>' on the server; aborting it
         # there (rather than disconnecting) still delivers the final chunk with its versions.
-        await self._call(
+        await http.call(
             "POST",
             "/abort_requests",
-            json_body={"request_ids": [f"generate-tokens-{live.server_rid}"]},
-            hint=self._DEV_HINT,
+            json_body={"request_ids": [f"generate-tokens-{server_rid}"]},
+            hint=_DEV_HINT,
         )
         return True
 
-    async def _server_version_label(self) -> str | None:
-        try:
-            reply = await self._call("GET", "/weight_info", hint=self._DEV_HINT)
-        except EngineAPIError:
-            # Generation works without dev mode; updates will say what to enable.
-            _log.warning("vLLM server %s has no /weight_info (dev mode off)", self.url)
-            return None
-        data = _json(reply, "/weight_info", self.url)
-        label = data.get("weight_version") if isinstance(data, dict) else None
-        return None if label is None else str(label)
-
-    async def _pause_server(self, *, keep: bool) -> None:
-        await self._call(
-            "POST", "/pause", params={"mode": "keep" if keep else "abort"}, hint=self._DEV_HINT
+    async def pause(self, http: HTTPTransport, *, keep: bool) -> None:
+        await http.call(
+            "POST", "/pause", params={"mode": "keep" if keep else "abort"}, hint=_DEV_HINT
         )
 
-    async def _resume_server(self) -> None:
-        await self._call("POST", "/resume", hint=self._DEV_HINT)
+    async def resume(self, http: HTTPTransport) -> None:
+        await http.call("POST", "/resume", hint=_DEV_HINT)
 
-    def _state_dict_source(self, source: Mapping[str, Any], version: int) -> _IPCHandles:
+    def state_dict_source(self, source: Mapping[str, Any], version: int) -> IPCHandles:
         if self.weight_transfer != "cuda_ipc":
-            return super()._state_dict_source(source, version)
-        from stalebound.engines.vllm_ipc import ipc_handles
+            raise directories_only(version)
+        from stalebound.engines.vllm_ipc import ipc_handles  # torch, loaded only on this path
 
         try:
             # ``source`` is kept referenced by the caller until the server has loaded it
-            return _IPCHandles(ipc_handles(source), source)
+            return IPCHandles(ipc_handles(source), source)
         except ValueError as exc:
             raise ProtocolError(f"update_weights(version={version}): {exc}") from None
 
-    async def _reload(self, path: str | _IPCHandles, version: int) -> None:
+    async def reload(self, http: HTTPTransport, source: str | IPCHandles, version: int) -> None:
         rpc: dict[str, Any]
-        if isinstance(path, _IPCHandles):
-            rpc = {"method": "update_weights_from_ipc", "kwargs": {"handles": path.handles}}
+        if isinstance(source, IPCHandles):
+            rpc = {"method": "update_weights_from_ipc", "kwargs": {"handles": source.handles}}
         else:
-            rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}}
-        reply = await self._call("POST", "/collective_rpc", json_body=rpc, hint=self._DEV_HINT)
-        _json(reply, "/collective_rpc", self.url, allow_empty=True)
-        await self._call(
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": source}}
+        await http.call_json(
+            "POST", "/collective_rpc", json_body=rpc, hint=_DEV_HINT, allow_empty=True
+        )
+        await http.call(
             "POST",
             "/update_weight_version",
             json_body={"new_version": str(version)},
-            hint=self._DEV_HINT,
+            hint=_DEV_HINT,
         )
+
+
+class VLLMEngine(HTTPEngine[VLLMAdapter]):
+    """An engine backed by a vLLM server: :class:`~stalebound.engines.http.HTTPEngine` with a
+    :class:`VLLMAdapter` (see the module docstring).
+
+    ``url``: the server's base URL. ``model``: the served model name (default: the first one
+    ``GET /v1/models`` lists, read by :meth:`start`). ``api``: ``"completions"`` or
+    ``"generate"``. ``weight_transfer``: ``"disk"`` reloads a checkpoint directory;
+    ``"cuda_ipc"`` also takes a state dict of CUDA tensors on the server's GPU and hands it over
+    without the CPU (see :mod:`stalebound.engines.vllm_ipc`). ``kwargs``: the
+    :class:`~stalebound.engines.http.HTTPEngine` settings (``interrupt_mode`` — ``"continue"``
+    needs ``api="generate"`` —, ``initial_version``, ``seed``, ``timeout``, ``connect_timeout``,
+    ``retries``, ``backoff``, ``max_connections``, ``abort_timeout``).
+
+    Call ``await engine.start()`` (or use ``async with``) before generating; it waits for the
+    server and learns the model name, its context length and its weight version.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        api: VLLMApi = "completions",
+        weight_transfer: WeightTransfer = "disk",
+        **kwargs: Any,
+    ) -> None:
+        adapter = VLLMAdapter(api=api, model=model, weight_transfer=weight_transfer)
+        super().__init__(url, adapter, **kwargs)
+
+    @property
+    def api(self) -> VLLMApi:
+        return self.adapter.api
+
+    @property
+    def weight_transfer(self) -> WeightTransfer:
+        return self.adapter.weight_transfer
+
+    @property
+    def model(self) -> str | None:
+        """The served model's name (learnt by :meth:`start` unless given)."""
+        return self.adapter.model
+
+    @model.setter
+    def model(self, name: str | None) -> None:
+        self.adapter.model = name
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The model's context length, as the server reported it at :meth:`start`."""
+        return self.adapter.max_model_len
