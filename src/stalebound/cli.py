@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -84,9 +85,14 @@ def _train(argv: Sequence[str]) -> int:
     except TrainingInterrupted as e:
         print(f"stalebound train: {e}", file=sys.stderr)
         return 128 + e.signum
-    except KeyboardInterrupt:  # before the run took its directory: nothing was written
-        print("stalebound train: interrupted before the run started", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # before the run took its directory: nothing was written
+        signum = getattr(e, "signum", signal.SIGINT)  # SIGTERM while waiting for the servers
+        print(
+            f"stalebound train: {signal.Signals(signum).name} received: interrupted before the "
+            "run started; nothing was written",
+            file=sys.stderr,
+        )
+        return 128 + signum
     except ConfigError as e:  # found once the run starts (an unwritable run directory)
         print(f"stalebound train: {e}", file=sys.stderr)
         return 2

@@ -29,6 +29,14 @@ class EngineConfig:
     """Local engine worker processes behind the router."""
     urls: list[str] = field(default_factory=list)
     """Server base URLs for ``vllm`` / ``sglang`` (one replica each)."""
+    startup_timeout_s: float = field(
+        default=0.0,
+        metadata=bounds(ge=0, le=3600, fix="e.g. 300 for servers still starting, 0 to check once"),
+    )
+    """How long a run waits for the servers at ``urls`` to answer their health check before it
+    loads anything (a server that is still starting refuses connections; a vLLM server takes
+    25 s to a few minutes). ``0`` checks once: a server that does not answer stops the run with
+    nothing written. SIGINT/SIGTERM end the wait."""
     max_batch_size: int = field(default=256, metadata=bounds(ge=1, fix="e.g. 256 (the default)"))
     """Requests decoded together per local worker."""
     max_in_flight_per_engine: int | None = field(

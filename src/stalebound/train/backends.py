@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from stalebound.config import StaleboundConfig
 
-__all__ = ["Backend", "EngineSet", "make_backend", "make_engines"]
+__all__ = ["Backend", "EngineSet", "check_servers", "make_backend", "make_engines"]
 
 
 @dataclass
@@ -194,6 +194,18 @@ _ENGINE_KINDS: Mapping[str, Callable[[StaleboundConfig, Backend, Path, int], Eng
     "vllm": _http_engines,
     "sglang": _http_engines,
 }
+
+
+def check_servers(cfg: StaleboundConfig, on_wait: Callable[[str], None] | None = None) -> list[str]:
+    """The problems of the servers ``engine.urls`` names (``engine.kind`` vllm or sglang): each
+    must answer its health check, within ``engine.startup_timeout_s``
+    (:func:`~stalebound.engines.endpoints.check_endpoints`). Blocks until then."""
+    e = cfg.engine
+    if e.kind not in ("vllm", "sglang"):
+        return []
+    from stalebound.engines.endpoints import check_endpoints
+
+    return check_endpoints(e.urls, kind=e.kind, wait_s=e.startup_timeout_s, on_wait=on_wait)
 
 
 def make_engines(

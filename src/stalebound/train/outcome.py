@@ -3,8 +3,10 @@ checkpoint to continue from), and the signal handling that asks it to stop after
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,12 +130,24 @@ class StopNow(KeyboardInterrupt):
 
 class StopRequest:
     """The first SIGTERM/SIGINT asks the job to stop after the current step (with a
-    checkpoint); a second one interrupts at once (:class:`StopNow`)."""
+    checkpoint); a second one interrupts at once (:class:`StopNow`), and so does the first one
+    within :meth:`at_once`."""
 
     def __init__(self, console: Console) -> None:
         self.signum: int | None = None
         self._console = console
         self._previous: dict[int, Any] = {}
+        self._at_once = False
+
+    @contextlib.contextmanager
+    def at_once(self) -> Iterator[None]:
+        """Within: the first signal stops at once too — for a wait that has no step to finish
+        (for the servers to answer, for the engines to start)."""
+        before, self._at_once = self._at_once, True
+        try:
+            yield
+        finally:
+            self._at_once = before
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
@@ -149,7 +163,7 @@ class StopRequest:
         return self.signum is not None
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:
+        if self.signum is not None or self._at_once:
             raise StopNow(signum)
         self.signum = signum
         self._console.print(

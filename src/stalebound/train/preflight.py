@@ -14,7 +14,7 @@ directory's lock, so the recipe calls it once it holds it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +41,7 @@ from stalebound.tasks.base import Task
 from stalebound.tasks.dataset import build_task
 from stalebound.tasks.episode import Sample
 from stalebound.tasks.workflow import context_problems, vocabulary_problems
+from stalebound.train.backends import check_servers
 from stalebound.train.checkpoint import (
     CHECKPOINTS,
     Checkpoint,
@@ -112,12 +113,14 @@ class Plan:
     """:attr:`resume` read whole and checked, with the states the run loads."""
 
 
-def preflight(cfg: StaleboundConfig) -> Plan:
+def preflight(cfg: StaleboundConfig, *, on_wait: Callable[[str], None] | None = None) -> Plan:
     """Every check before the run directory is touched, in order: the checkpoint to resume (every
     file's checksum, the job's state, the settings it was written with, every file read whole,
     the records it cuts back to), the run directory, the task and its prompts, the paths, the
-    size settings against the memory, and the prompts against the model's context length.
-    Raises ConfigError (or a CheckpointError) with nothing written."""
+    size settings against the memory, the servers of ``engine.urls`` (they answer, within
+    ``engine.startup_timeout_s``; ``on_wait`` hears of each one that is waited for), and the
+    prompts against the model's context length. Raises ConfigError (or a CheckpointError) with
+    nothing written."""
     resume = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
     restart = bool(cfg.run.resume) and resume is None
     saved = SavedJob.read(resume) if resume is not None else None
@@ -145,6 +148,9 @@ def preflight(cfg: StaleboundConfig) -> Plan:
     samples = list(task.samples())
     check_run_paths(cfg, run_dir, resuming=resume is not None)
     check_memory(cfg, resume)
+    servers = check_servers(cfg, on_wait=on_wait)  # they answer, before the model loads
+    if servers:
+        raise ConfigError(servers)
     # the checkpoint's own vocabulary and limits (context length, chat template) against the
     # task's prompts
     base_dir = resume.path if resume is not None else base_model_dir(cfg)

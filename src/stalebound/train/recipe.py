@@ -34,6 +34,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +185,9 @@ class TrainRecipe:
         """Every check before the run directory is touched
         (:func:`~stalebound.train.preflight.preflight`); raises ConfigError (or a
         CheckpointError) with nothing written."""
-        plan = preflight(self.cfg)
+        say = partial(self.console.print, markup=False, soft_wrap=True)
+        with StopRequest(self.console) as stop, stop.at_once():  # a signal ends a wait here
+            plan = preflight(self.cfg, on_wait=say)
         self.plan: Plan = plan
         self.cfg, self.run_dir, self.task, self.samples = (
             plan.cfg,
@@ -276,15 +279,17 @@ class TrainRecipe:
         self.engine = BusyMeter(engines.engine)
         self.executor = executor = WorkflowExecutor(cfg.rollout, self.engine).initialize()
         self._stopping.insert(0, executor.destroy)  # before the engines close
-        for client in engines.clients:
-            executor.run_coroutine(client.start())
+        assert self._stop is not None
+        with self._stop.at_once():  # waits with no step to finish: a signal ends them
+            for client in engines.clients:
 
-            def close_client(client: Any = client) -> None:
-                executor.run_coroutine(client.aclose())
+                def close_client(client: Any = client) -> None:
+                    executor.run_coroutine(client.aclose())
 
-            self._stopping.insert(0, close_client)
-        if engines.serves_other_weights:  # the job's weights replace the servers' own
-            executor.run_coroutine(self.engine.update_weights(policy_dir, version))
+                self._stopping.insert(0, close_client)
+                executor.run_coroutine(client.start())
+            if engines.serves_other_weights:  # the job's weights replace the servers' own
+                executor.run_coroutine(self.engine.update_weights(policy_dir, version))
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p)
         recorder = None
         if cfg.run.trace:
