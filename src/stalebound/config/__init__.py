@@ -89,6 +89,9 @@ ALIASES: Mapping[str, str] = MappingProxyType(
         # PSRL's two redundancy levels: entries per buffer (B′) and members per group (N′).
         "psrl.redundant_rollout.buffer_size": "rollout.buffer_size",
         "psrl.redundant_rollout.rollout_n": "rollout.group_redundancy",
+        # The trainer ranks' count and timeout, once the Ray backend's own settings.
+        "ray.train_data_parallel_size": "train.world_size",
+        "ray.rank_timeout_s": "train.rank_timeout_s",
         # `stalebound train resume=RUN_DIR` and `--resume RUN_DIR`.
         "resume": "run.resume",
     }
@@ -144,6 +147,11 @@ class StaleboundConfig:
     """``local``: engines and trainer in this machine's processes. ``ray``: as Ray actors, on a
     local instance or the cluster at ``ray.address`` (see docs/scale-out.md)."""
     ray: RayConfig = field(default_factory=RayConfig)
+
+    def _validate(self) -> Iterator[Invalid]:
+        from stalebound.train.parallel.settings import parallel_problems
+
+        yield from parallel_problems(self)
 
 
 C = TypeVar("C")

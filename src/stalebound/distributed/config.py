@@ -33,12 +33,4 @@ class RayConfig:
     trainer_num_cpus: float = field(
         default=1.0, metadata=bounds(ge=0, fix="e.g. 1 (a core per rank) or 0.5")
     )
-    """CPUs reserved per trainer rank."""
-    train_data_parallel_size: int = field(
-        default=1, metadata=bounds(ge=1, fix="use 1 for a single trainer rank")
-    )
-    """Trainer ranks; each step's groups are split across them and their gradients averaged."""
-    rank_timeout_s: float = field(
-        default=600.0, metadata=bounds(gt=0, fix="give seconds, e.g. 600 (the default)")
-    )
-    """How long a trainer rank waits for the others in a collective before failing."""
+    """CPUs reserved per trainer rank (their count is ``train.world_size``)."""

@@ -31,7 +31,9 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -422,6 +424,21 @@ def _left_pad_mask(mask: torch.Tensor, total: int) -> torch.Tensor:
 
 TERMINAL_SIGNALS: frozenset[signal.Signals] = frozenset({signal.SIGINT, signal.SIGTERM})
 """Blocked while the worker starts (see :func:`leave_the_terminal`)."""
+
+
+@contextlib.contextmanager
+def terminal_signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread while a worker process is started: the worker inherits
+    the mask and unblocks them once it ignores the terminal's (``leave_the_terminal``); here
+    one that arrives meanwhile is handled when the block ends."""
+    # Starting multiprocessing's resource tracker unblocks these two signals in the calling
+    # thread; started first, it leaves the mask alone while the worker is spawned.
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def leave_the_terminal() -> None:

@@ -56,26 +56,23 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import dataclasses
 import itertools
 import logging
 import multiprocessing
 import os
 import queue
-import signal
 import threading
 import zlib
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from multiprocessing import resource_tracker
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal
 
 from stalebound.core.errors import ConfigError, ProtocolError
-from stalebound.engines._worker import TERMINAL_SIGNALS, uniform, worker_main
+from stalebound.engines._worker import terminal_signals_blocked, uniform, worker_main
 from stalebound.engines.devices import device_problems, resolve_device
 from stalebound.engines.protocol import (
     Continuation,
@@ -180,21 +177,6 @@ def _on_device(state: Mapping[str, Any], device: str) -> bool:
     )
 
 
-@contextlib.contextmanager
-def _terminal_signals_blocked() -> Iterator[None]:
-    """SIGINT and SIGTERM blocked in this thread while a worker is started: the worker inherits
-    the mask and unblocks them once it ignores the terminal's (``leave_the_terminal``); here
-    one that arrives meanwhile is handled when the block ends."""
-    # Starting multiprocessing's resource tracker unblocks these two signals in the calling
-    # thread; started first, it leaves the mask alone while the worker is spawned.
-    resource_tracker.ensure_running()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 def _resolve(future: concurrent.futures.Future[Any], value: Any) -> None:
     if not future.done():  # the awaiting coroutine may have been cancelled
         future.set_result(value)
@@ -273,7 +255,7 @@ class LocalEngine:
             name=f"stalebound-engine-{name}",
             daemon=True,
         )
-        with _terminal_signals_blocked():  # the worker unblocks them once it ignores them
+        with terminal_signals_blocked():  # the worker unblocks them once it ignores them
             self._process.start()
         child.close()
         # Messages to the worker go through a queue to one sender thread, which writes whatever

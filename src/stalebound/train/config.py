@@ -99,6 +99,20 @@ class TrainConfig:
     minibatch is split into micro-batches whose gradients are accumulated before the optimizer
     step, so a step computes what one big batch would (up to float rounding). A row longer than
     the budget is a micro-batch of its own. ``None`` runs each minibatch in one pass."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """How ``world_size`` trainer ranks share a step (see docs/scale-out.md). ``ddp``: each rank
+    holds a full replica and torch's ``DistributedDataParallel`` averages the gradients (at world
+    size 1 the trainer runs in the job's own process). ``fsdp``: ``fully_shard`` (FSDP2) shards
+    the parameters, gradients and optimizer state across the ranks, per transformer block; with
+    ``dtype`` bfloat16 the blocks compute in bfloat16 while reductions, master weights and AdamW
+    state stay float32. Ranks on the CPU meet over gloo, on GPUs over NCCL."""
+    world_size: int = 1
+    """Trainer ranks, one process each (``backend: local``) or one Ray actor each (``backend:
+    ray``); each step's groups are split across them. ``rollout.consumer_batch_size`` must be a
+    multiple of it."""
+    rank_timeout_s: float = 600.0
+    """How long a rank waits for the others in a collective (the process group's timeout), and
+    the driver for a rank's reply beyond it, before the group is stopped with an error."""
     compile: bool = False
     """Run the trainer's forward passes through ``torch.compile`` (off: compiling costs minutes at
     start and gains little on small models)."""
@@ -161,6 +175,25 @@ class TrainConfig:
         if self.num_threads is not None and self.num_threads < 1:
             p.append(f"train.num_threads={self.num_threads}: must be >= 1, or null")
         p.extend(device_problems("train", self.device, self.dtype))
+        if self.parallel not in ("ddp", "fsdp"):
+            p.append(f"train.parallel={self.parallel!r}: use ddp or fsdp")
+        if (
+            isinstance(self.world_size, bool)
+            or not isinstance(self.world_size, int)
+            or (self.world_size < 1)
+        ):
+            p.append(f"train.world_size={self.world_size!r}: must be an integer >= 1 (1: one rank)")
+        if not 0 < self.rank_timeout_s < math.inf:
+            p.append(
+                f"train.rank_timeout_s={self.rank_timeout_s}: must be a finite number of seconds "
+                "> 0, e.g. 600"
+            )
+        if self.parallel == "fsdp" and self.dtype == "float16":
+            p.append(
+                "train.dtype='float16' with train.parallel=fsdp: FSDP keeps its reductions in "
+                "float32 and has no gradient scaler for float16; use train.dtype=bfloat16"
+            )
+
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
             p.append(
                 f"train.micro_batch_tokens={self.micro_batch_tokens}: must be >= 1 (e.g. 16384), "

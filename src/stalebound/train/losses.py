@@ -135,6 +135,8 @@ class PolicyLossStats:
 
     loss: float
     num_tokens: int
+    num_sequences: int
+    """Sequences with at least one kept token (the normaliser of ``seq-mean-token-mean``)."""
     ratio_mean: float
     ratio_max: float
     ratio_min: float
@@ -230,6 +232,7 @@ def policy_loss(
         stats = PolicyLossStats(
             loss=float(loss.detach()),
             num_tokens=int(keep.sum().item()),
+            num_sequences=int((keep.sum(-1) > 0).sum().item()),
             ratio_mean=float(_masked_mean(rho, m)) if has else float("nan"),
             ratio_max=float(torch.where(m > 0, rho, small).max()) if has else float("nan"),
             ratio_min=float(torch.where(m > 0, rho, big).min()) if has else float("nan"),

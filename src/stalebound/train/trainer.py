@@ -8,12 +8,13 @@ with ``(state_dict, version)`` so engines can load the new weights.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -27,9 +28,22 @@ from stalebound.train.losses import (
     group_advantages,
     loglinear_proximal_logprobs,
     policy_loss,
+    rejection_mask,
 )
 
-__all__ = ["PublishHook", "StepStats", "TokenBatch", "Trainer", "build_batch", "token_logprobs"]
+if TYPE_CHECKING:
+    from stalebound.train.parallel.context import RankContext
+
+__all__ = [
+    "PublishHook",
+    "RowSpan",
+    "StepStats",
+    "TokenBatch",
+    "Trainer",
+    "build_batch",
+    "minibatch_parts",
+    "token_logprobs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +151,24 @@ def build_batch(trajectories: Sequence[Trajectory], pad_token_id: int) -> TokenB
     )
 
 
+@dataclass(frozen=True)
+class RowSpan:
+    """Where a rank's trajectories sit in the whole batch: rows ``start … start + n − 1`` of
+    ``total`` (the batch's trajectories in order, every group's members together)."""
+
+    start: int
+    total: int
+
+
+def minibatch_parts(n: int, minibatches: int, rows: RowSpan | None = None) -> list[Tensor]:
+    """The local row indices of each minibatch: the whole batch's rows ``0 … total − 1`` in
+    ``minibatches`` chunks (as :meth:`torch.Tensor.chunk` splits them; empty chunks dropped), each
+    cut to this rank's ``n`` rows from ``rows.start``. A part may be empty on a rank."""
+    span = rows or RowSpan(0, n)
+    chunks = [c for c in torch.arange(span.total).chunk(minibatches) if c.numel()]
+    return [c[(c >= span.start) & (c < span.start + n)] - span.start for c in chunks]
+
+
 def _to(batch: TokenBatch, device: torch.device) -> TokenBatch:
     if device.type == "cpu":
         return batch
@@ -177,8 +209,11 @@ class Trainer:
         *,
         version: int = 0,
         pad_token_id: int | None = None,
+        rank: RankContext | None = None,
     ) -> None:
         self.config = (config or TrainConfig()).validate()
+        self.rank = rank
+        """The data-parallel group this trainer is one rank of (``None``: it trains alone)."""
         if self.config.num_threads is not None:
             torch.set_num_threads(self.config.num_threads)
         self.model = model
@@ -203,13 +238,19 @@ class Trainer:
                 f"train.dtype='float16' with the model on {self.device}: float16 needs a CUDA "
                 "device; use bfloat16 or float32 on the CPU"
             )
-        self._autocast_dtype = None if c.dtype == "float32" else getattr(torch, c.dtype)
+        autocast = rank is None or rank.autocast  # an FSDP policy casts the parameters itself
+        self._autocast_dtype = (
+            None if c.dtype == "float32" or not autocast else getattr(torch, c.dtype)
+        )
         # float16 gradients underflow without loss scaling; bfloat16 has float32's range
         self._scaler = torch.amp.GradScaler("cuda") if c.dtype == "float16" else None
         if c.gradient_checkpointing:  # renamed in newer transformers
             enable = getattr(model, "activation_checkpointing_enable", None)
-            (enable or model.gradient_checkpointing_enable)()
-        self._forward: Any = torch.compile(model) if c.compile else model
+            # the non-reentrant form (transformers 5's default): the reentrant one does not run
+            # FSDP's hooks when it recomputes
+            (enable or model.gradient_checkpointing_enable)({"use_reentrant": False})
+        forward = model if rank is None else rank.forward
+        self._forward: Any = torch.compile(forward) if c.compile else forward
 
     @property
     def version(self) -> int:
@@ -259,12 +300,22 @@ class Trainer:
 
     # -- one training step ---------------------------------------------------------------------
     def step(
-        self, groups: Sequence[Sequence[Trajectory]], *, batch_version: int | None = None
+        self,
+        groups: Sequence[Sequence[Trajectory]],
+        *,
+        batch_version: int | None = None,
+        rows: RowSpan | None = None,
     ) -> StepStats:
         """Train on ``groups`` (the consumed batch), bump the version, publish, return stats.
 
         ``batch_version`` is the version the batch is trained at (staleness is measured against
         it); ``None`` means the trainer's current version.
+
+        On a rank of a data-parallel group, ``groups`` are this rank's share of the batch and
+        ``rows`` places them in it. The step then computes what one trainer would on the whole
+        batch: each minibatch is the same chunk of the whole batch's rows, every loss is divided
+        by the whole minibatch's normaliser (kept tokens or sequences, summed over the ranks), and
+        the returned statistics are the whole batch's, the same on every rank.
         """
         t0 = time.perf_counter()
         c = self.config
@@ -289,78 +340,81 @@ class Trainer:
             with torch.no_grad():
                 prox_all = self._recompute(batch, lengths)
 
-        parts = [p for p in torch.arange(len(trajs)).chunk(c.minibatches) if p.numel()]
+        parts = minibatch_parts(len(trajs), c.minibatches, rows)
         weights = [float(train_mask[p].sum()) for p in parts]
+        if self.rank is not None:
+            weights = self.rank.all_sum(weights)
         total_w = sum(weights) or 1.0
         acc: dict[str, float] = {}
         grad_norms: list[float] = []
         ratio_max, ratio_min = -math.inf, math.inf
         for k, part in enumerate(parts):
             self.optimizer.zero_grad(set_to_none=True)
-            micros = self._micro_batches(part, lengths)
+            micros: list[Tensor | None] = []
+            if part.numel():  # a rank's part of a minibatch may be empty
+                micros += self._micro_batches(part, lengths)
+            if self.rank is not None:  # every rank enters as many passes as the busiest one
+                passes = int(self.rank.all_max([len(micros)])[0])
+                micros += [None] * (passes - len(micros))
             part_mask = train_mask[part]
+            norms = self._part_norms(
+                batch, lengths, micros, train_mask, part_mask, k, len(parts), v, prox_all
+            )
             # Each micro-batch's loss is weighed by its share of the part's normaliser (trained
             # tokens, or sequences with one), so the accumulated gradient is the whole part's.
             if c.loss_agg == "token-mean":
                 part_norm = float(part_mask.sum())
             else:
                 part_norm = float((part_mask.sum(-1) > 0).sum())
-            for idx in micros:
-                width = max(lengths[i] for i in idx.tolist())
-                m = train_mask[idx, : width - 1]
-                ids = batch.input_ids[idx, :width]
-                lp, ent = self.logprobs(
-                    ids, batch.attention_mask[idx, :width], with_entropy=with_entropy
-                )
-                behav = batch.behaviour_logprobs[idx, : width - 1]
-                prox: Tensor | None
-                if c.prox_mode == "none":
-                    prox = None
-                elif c.prox_mode == "recompute":
-                    prox = lp.detach() if prox_all is None else prox_all[idx, : width - 1]
-                else:
-                    prox = loglinear_proximal_logprobs(
-                        behav,
-                        lp,
-                        batch.versions[idx, : width - 1],
-                        proximal_version=v,
-                        current_version=v + k / len(parts),
+            for j, idx in enumerate(micros):
+                with self._accumulating(defer=j < len(micros) - 1):
+                    if idx is None:
+                        assert self.rank is not None
+                        self.rank.stand_in_pass(self.pad_token_id, backward=True)
+                        continue
+                    width = max(lengths[i] for i in idx.tolist())
+                    m = train_mask[idx, : width - 1]
+                    ids = batch.input_ids[idx, :width]
+                    lp, ent = self.logprobs(
+                        ids, batch.attention_mask[idx, :width], with_entropy=with_entropy
                     )
-                loss, st = policy_loss(
-                    lp,
-                    behav,
-                    adv[idx],
-                    m,
-                    proximal_logprobs=prox,
-                    clip_eps=c.clip_eps,
-                    clip_eps_high=c.clip_eps_high,
-                    tis_cap=c.tis_cap,
-                    rejection=c.rejection,
-                    rejection_low=c.rejection_low,
-                    rejection_high=c.rejection_high,
-                    entropy=ent,
-                    loss_agg=c.loss_agg,
-                )
-                share = 1.0
-                if len(micros) > 1:
-                    if c.loss_agg == "token-mean":
-                        share = float(m.sum()) / part_norm if part_norm else len(idx) / len(part)
-                    else:
-                        share = float((m.sum(-1) > 0).sum()) / part_norm if part_norm else 0.0
-                    loss = loss * share
-                if c.entropy_coef > 0 and ent is not None:
-                    loss = loss - c.entropy_coef * (ent * m).sum() / part_mask.sum().clamp(min=1)
-                if self._scaler is not None:
-                    loss = self._scaler.scale(loss)
-                loss.backward()  # type: ignore[no-untyped-call]
-                self._accumulate(acc, st, float(m.sum()) / total_w, share * weights[k] / total_w)
-                if st.num_tokens or float(m.sum()):
-                    ratio_max = max(ratio_max, st.ratio_max)
-                    ratio_min = min(ratio_min, st.ratio_min)
+                    behav = batch.behaviour_logprobs[idx, : width - 1]
+                    prox = self._proximal(lp, batch, idx, width, k, len(parts), v, prox_all)
+                    loss, st = self._policy_loss(lp, behav, adv[idx], m, prox, ent)
+                    share = 1.0
+                    if norms is not None:
+                        mine = st.num_tokens if c.loss_agg == "token-mean" else st.num_sequences
+                        share = mine / norms.policy if norms.policy else 0.0
+                        loss = loss * share
+                    elif len(micros) > 1:
+                        if c.loss_agg == "token-mean":
+                            share = (
+                                float(m.sum()) / part_norm if part_norm else len(idx) / len(part)
+                            )
+                        else:
+                            share = float((m.sum(-1) > 0).sum()) / part_norm if part_norm else 0.0
+                        loss = loss * share
+                    if c.entropy_coef > 0 and ent is not None:
+                        ent_norm = part_mask.sum().clamp(min=1) if norms is None else norms.tokens
+                        loss = loss - c.entropy_coef * (ent * m).sum() / max(float(ent_norm), 1.0)
+                    if self.rank is not None:  # DDP and FSDP average the ranks' gradients
+                        loss = loss * self.rank.world_size
+                    if self._scaler is not None:
+                        loss = self._scaler.scale(loss)
+                    loss.backward()  # type: ignore[no-untyped-call]
+                    w = float(m.sum()) / total_w
+                    keep_w = (
+                        w if norms is None else st.num_tokens / norms.kept * weights[k] / total_w
+                    )
+                    self._accumulate(acc, st, w, share * weights[k] / total_w, keep_w)
+                    if st.num_tokens or float(m.sum()):
+                        ratio_max = max(ratio_max, st.ratio_max)
+                        ratio_min = min(ratio_min, st.ratio_min)
             if self._scaler is not None:
                 self._scaler.unscale_(self.optimizer)
             clip = c.grad_clip if c.grad_clip is not None else float("inf")
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)))
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            grad_norms.append(self.rank.norm_value(norm) if self.rank is not None else float(norm))
             if self._scaler is not None:
                 self._scaler.step(self.optimizer)
                 self._scaler.update()
@@ -377,33 +431,143 @@ class Trainer:
                 hook(weights_now, self._version)
         return stats
 
+    def _accumulating(self, *, defer: bool) -> contextlib.AbstractContextManager[None]:
+        if self.rank is None:
+            return contextlib.nullcontext()
+        return self.rank.accumulating(defer)
+
+    def _proximal(
+        self,
+        lp: Tensor,
+        batch: TokenBatch,
+        idx: Tensor,
+        width: int,
+        k: int,
+        parts: int,
+        v: int,
+        prox_all: Tensor | None,
+    ) -> Tensor | None:
+        """The proximal log-probs of micro-batch ``idx`` of part ``k`` (``None``: none)."""
+        c = self.config
+        if c.prox_mode == "none":
+            return None
+        if c.prox_mode == "recompute":
+            return lp.detach() if prox_all is None else prox_all[idx, : width - 1]
+        return loglinear_proximal_logprobs(
+            batch.behaviour_logprobs[idx, : width - 1],
+            lp,
+            batch.versions[idx, : width - 1],
+            proximal_version=v,
+            current_version=v + k / parts,
+        )
+
+    def _policy_loss(
+        self,
+        lp: Tensor,
+        behav: Tensor,
+        adv: Tensor,
+        mask: Tensor,
+        prox: Tensor | None,
+        entropy: Tensor | None,
+    ) -> tuple[Tensor, PolicyLossStats]:
+        c = self.config
+        return policy_loss(
+            lp,
+            behav,
+            adv,
+            mask,
+            proximal_logprobs=prox,
+            clip_eps=c.clip_eps,
+            clip_eps_high=c.clip_eps_high,
+            tis_cap=c.tis_cap,
+            rejection=c.rejection,
+            rejection_low=c.rejection_low,
+            rejection_high=c.rejection_high,
+            entropy=entropy,
+            loss_agg=c.loss_agg,
+        )
+
+    def _part_norms(
+        self,
+        batch: TokenBatch,
+        lengths: list[int],
+        micros: list[Tensor | None],
+        train_mask: Tensor,
+        part_mask: Tensor,
+        k: int,
+        parts: int,
+        v: int,
+        prox_all: Tensor | None,
+    ) -> _PartNorms | None:
+        """A data-parallel part's normalisers over all ranks (``None`` for a trainer alone).
+        Which tokens rejection keeps depends on the current weights, so with rejection on it
+        takes one pass without gradients over this rank's micro-batches first."""
+        if self.rank is None:
+            return None
+        c = self.config
+        kept = float(part_mask.sum())
+        sequences = float((part_mask.sum(-1) > 0).sum())
+        if c.rejection != "none":
+            kept = sequences = 0.0
+            with torch.no_grad():
+                for idx in micros:
+                    if idx is None:
+                        self.rank.stand_in_pass(self.pad_token_id, backward=False)
+                        continue
+                    width = max(lengths[i] for i in idx.tolist())
+                    m = train_mask[idx, : width - 1]
+                    lp, _ = self.logprobs(
+                        batch.input_ids[idx, :width],
+                        batch.attention_mask[idx, :width],
+                        with_entropy=False,
+                    )
+                    behav = batch.behaviour_logprobs[idx, : width - 1]
+                    prox = self._proximal(lp, batch, idx, width, k, parts, v, prox_all)
+                    log_rho = (lp if prox is None else prox) - behav
+                    keep = rejection_mask(
+                        log_rho, m, level=c.rejection, low=c.rejection_low, high=c.rejection_high
+                    )
+                    kept += float(keep.sum())
+                    sequences += float((keep.sum(-1) > 0).sum())
+        policy = kept if c.loss_agg == "token-mean" else sequences
+        policy, tokens, kept = self.rank.all_sum([policy, float(part_mask.sum()), kept])
+        return _PartNorms(policy=policy, tokens=tokens, kept=kept)
+
     def _recompute(self, batch: TokenBatch, lengths: list[int]) -> Tensor:
-        """Log-probs of the whole batch under the current weights, micro-batch by micro-batch."""
+        """Log-probs of the whole batch under the current weights, micro-batch by micro-batch
+        (on a rank, as many passes as the busiest rank's)."""
         out = torch.zeros_like(batch.behaviour_logprobs)
-        for idx in self._micro_batches(torch.arange(len(lengths)), lengths):
+        micros = self._micro_batches(torch.arange(len(lengths)), lengths)
+        for idx in micros:
             width = max(lengths[i] for i in idx.tolist())
             lp, _ = self.logprobs(
                 batch.input_ids[idx, :width], batch.attention_mask[idx, :width], with_entropy=False
             )
             out[idx, : width - 1] = lp
+        if self.rank is not None:
+            for _ in range(int(self.rank.all_max([len(micros)])[0]) - len(micros)):
+                self.rank.stand_in_pass(self.pad_token_id, backward=False)
         return out
 
     @staticmethod
-    def _accumulate(acc: dict[str, float], st: PolicyLossStats, w: float, loss_w: float) -> None:
-        """Add a micro-batch's statistics: token means weighed by its share of the step's trained
-        tokens ``w``, its loss by its share of the step's loss ``loss_w``."""
+    def _accumulate(
+        acc: dict[str, float], st: PolicyLossStats, w: float, loss_w: float, keep_w: float
+    ) -> None:
+        """Add a micro-batch's statistics: its loss by its share of the step's loss ``loss_w``,
+        means over its valid tokens by its share ``w`` of the step's trained tokens, means over
+        its kept tokens by ``keep_w``."""
         if not math.isnan(st.loss):
             acc["loss"] = acc.get("loss", 0.0) + loss_w * st.loss
-        for key in (
-            "ratio_mean",
-            "clip_fraction",
-            "behaviour_weight_mean",
-            "kl_behaviour",
-            "entropy",
+        for key, weight in (
+            ("ratio_mean", w),
+            ("clip_fraction", keep_w),
+            ("behaviour_weight_mean", keep_w),
+            ("kl_behaviour", w),
+            ("entropy", w),
         ):
             value = getattr(st, key)
             if not math.isnan(value):
-                acc[key] = acc.get(key, 0.0) + w * value
+                acc[key] = acc.get(key, 0.0) + weight * value
         acc["num_tokens"] = acc.get("num_tokens", 0.0) + st.num_tokens
 
     def _stats(
@@ -419,41 +583,88 @@ class Trainer:
         grad_norms: list[float],
         t0: float,
     ) -> StepStats:
-        rewards = [t.reward for t in trajs]
-        valid = batch.loss_mask
+        """The step's statistics from sums over this trainer's trajectories (over all ranks'
+        on a rank of a data-parallel group)."""
         trained = train_mask.bool()
         tok_stale = (v - batch.versions)[trained]
         traj_stale = [v - t.v_traj for t in trajs]
         accs = [t.metrics["acc"] for t in trajs if "acc" in t.metrics]
-        n_valid = float(valid.sum())
-        zero_adv = sum(len(g) for g in groups if len({t.reward for t in g}) <= 1)
+        rewards = [t.reward for t in trajs]
+        sums = {
+            "groups": float(len(groups)),
+            "trajs": float(len(trajs)),
+            "reward": sum(rewards),
+            "reward_sq": sum(r * r for r in rewards),
+            "acc_n": float(len(accs)),
+            "acc": sum(accs),
+            "out_len": float(sum(len(t.output_ids) for t in trajs)),
+            "truncated": float(sum(t.truncated for t in trajs)),
+            "zero_adv": float(sum(len(g) for g in groups if len({t.reward for t in g}) <= 1)),
+            "valid": float(batch.loss_mask.sum()),
+            "tok_stale": float(tok_stale.float().sum()),
+            "tok_stale_n": float(tok_stale.numel()),
+            "traj_stale": float(sum(traj_stale)),
+            "num_tokens": acc.get("num_tokens", 0.0),
+        }
+        for key in _MEANS:  # a mean no micro-batch measured stays NaN
+            sums[key] = acc.get(key, 0.0)
+            sums[f"{key}?"] = float(key in acc)
+        highs = {
+            "ratio_max": ratio_max,
+            "ratio_min": -ratio_min,
+            "tok_stale_max": float(tok_stale.max()) if tok_stale.numel() else -math.inf,
+            "traj_stale_max": float(max(traj_stale)),
+        }
+        if self.rank is not None:
+            sums = dict(zip(sums, self.rank.all_sum(list(sums.values())), strict=True))
+            highs = dict(zip(highs, self.rank.all_max(list(highs.values())), strict=True))
         nan = float("nan")
-        mean_r = sum(rewards) / len(rewards)
+        n = sums["trajs"]
+        mean_r = sums["reward"] / n
+        mean = {key: sums[key] if sums[f"{key}?"] else nan for key in _MEANS}
+        high, low = highs["ratio_max"], -highs["ratio_min"]
+        n_valid = sums["valid"]
         return StepStats(
             version=self._version,
             batch_version=v,
-            num_groups=len(groups),
-            num_trajectories=len(trajs),
-            num_trained_tokens=int(acc.get("num_tokens", 0)),
-            loss=acc.get("loss", 0.0),
+            num_groups=int(sums["groups"]),
+            num_trajectories=int(n),
+            num_trained_tokens=int(sums["num_tokens"]),
+            loss=sums["loss"] if sums["loss?"] else 0.0,
             reward_mean=mean_r,
-            reward_std=math.sqrt(sum((r - mean_r) ** 2 for r in rewards) / len(rewards)),
-            accuracy=sum(accs) / len(accs) if accs else nan,
-            response_length=sum(len(t.output_ids) for t in trajs) / len(trajs),
-            truncated_fraction=sum(t.truncated for t in trajs) / len(trajs),
-            zero_advantage_fraction=zero_adv / len(trajs),
-            entropy=acc.get("entropy", nan),
-            ratio_mean=acc.get("ratio_mean", nan),
-            ratio_max=ratio_max if math.isfinite(ratio_max) else nan,
-            ratio_min=ratio_min if math.isfinite(ratio_min) else nan,
-            clip_fraction=acc.get("clip_fraction", 0.0),
-            masked_fraction=1.0 - acc.get("num_tokens", 0.0) / n_valid if n_valid else 0.0,
-            behaviour_weight_mean=acc.get("behaviour_weight_mean", nan),
-            kl_behaviour=acc.get("kl_behaviour", nan),
-            staleness_mean=float(tok_stale.float().mean()) if tok_stale.numel() else 0.0,
-            staleness_max=int(tok_stale.max()) if tok_stale.numel() else 0,
-            traj_staleness_mean=sum(traj_stale) / len(traj_stale),
-            traj_staleness_max=max(traj_stale),
+            reward_std=math.sqrt(max(0.0, sums["reward_sq"] / n - mean_r**2)),
+            accuracy=sums["acc"] / sums["acc_n"] if sums["acc_n"] else nan,
+            response_length=sums["out_len"] / n,
+            truncated_fraction=sums["truncated"] / n,
+            zero_advantage_fraction=sums["zero_adv"] / n,
+            entropy=mean["entropy"],
+            ratio_mean=mean["ratio_mean"],
+            ratio_max=high if math.isfinite(high) else nan,
+            ratio_min=low if math.isfinite(low) else nan,
+            clip_fraction=sums["clip_fraction"],
+            masked_fraction=1.0 - sums["num_tokens"] / n_valid if n_valid else 0.0,
+            behaviour_weight_mean=mean["behaviour_weight_mean"],
+            kl_behaviour=mean["kl_behaviour"],
+            staleness_mean=sums["tok_stale"] / sums["tok_stale_n"] if sums["tok_stale_n"] else 0.0,
+            staleness_max=int(highs["tok_stale_max"]) if sums["tok_stale_n"] else 0,
+            traj_staleness_mean=sums["traj_stale"] / n,
+            traj_staleness_max=int(highs["traj_stale_max"]),
             grad_norm=sum(grad_norms) / len(grad_norms),
             step_time_s=time.perf_counter() - t0,
         )
+
+
+_MEANS = ("loss", "ratio_mean", "clip_fraction", "behaviour_weight_mean", "kl_behaviour", "entropy")
+"""The step's token means, accumulated micro-batch by micro-batch (see ``Trainer._accumulate``)."""
+
+
+@dataclass(frozen=True)
+class _PartNorms:
+    """A minibatch's normalisers over all ranks of a data-parallel group."""
+
+    policy: float
+    """The policy loss's: kept tokens (``token-mean``) or sequences with one."""
+    tokens: float
+    """Trained tokens before rejection (the entropy bonus's)."""
+    kept: float
+    """Kept tokens after rejection (what the clip fraction and the weight mean average over)."""
