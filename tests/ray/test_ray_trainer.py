@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import random
 from pathlib import Path
 from typing import Any
 
@@ -14,42 +13,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 torch = pytest.importorskip("torch")
 pytest.importorskip("ray")
 
+from parallel_helpers import PAD, make_batch  # noqa: E402
 from stalebound.engines.models import load_model  # noqa: E402
-from stalebound.tasks import Trajectory  # noqa: E402
 from stalebound.train import TrainConfig, Trainer  # noqa: E402
-from stalebound.train.trainer import token_logprobs  # noqa: E402
 
 torch.set_num_threads(1)
-PAD, BOS, EOS = 0, 1, 2
-
-
-def make_batch(model: Any, *, groups: int, size: int, seed: int, shift: float) -> list[list[Any]]:
-    """Groups of random answers whose behaviour log-probs are the model's own (plus noise, so
-    ratios differ from 1), rewarded unevenly within each group; some truncated, one stale."""
-    rng = random.Random(seed)
-    batch = []
-    for g in range(groups):
-        prompt = [BOS, *(rng.randrange(4, 60) for _ in range(rng.randrange(2, 6)))]
-        members = []
-        for m in range(size):
-            out = [rng.randrange(4, 60) for _ in range(rng.randrange(2, 9))] + [EOS]
-            full = torch.tensor([prompt + out])
-            with torch.no_grad():
-                lp, _ = token_logprobs(model, full, torch.ones_like(full), with_entropy=False)
-            behav = [x + shift * rng.uniform(-1, 1) for x in lp[0, len(prompt) - 1 :].tolist()]
-            members.append(
-                Trajectory(
-                    prompt_ids=prompt,
-                    output_ids=out,
-                    behaviour_logprobs=behav,
-                    versions=[0 if g else 1] * len(out),
-                    reward=float((g + m) % 2) + 0.25 * m,
-                    truncated=(g + m) % 5 == 4,
-                    metrics={"acc": float((g + m) % 2)},
-                )
-            )
-        batch.append(members)
-    return batch
 
 
 def close_stats(a: Any, b: Any) -> None:

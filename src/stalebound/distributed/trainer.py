@@ -378,6 +378,18 @@ class RayTrainerGroup:
             hook(self._weights, self._version)
         return merged
 
+    def optimizer_state(self) -> dict[str, Any]:
+        """Rank 0's optimizer state (every rank's is the same), for ``trainer_state.pt``."""
+        return self.optimizer.state_dict()
+
+    def save_optimizer(self, checkpoint: Any) -> None:
+        """Nothing beside :meth:`optimizer_state`."""
+
+    def load_optimizer(self, checkpoint: Any, state: Mapping[str, Any] | None) -> None:
+        """Give every rank the optimizer state of a resumed run."""
+        if state is not None:
+            self.optimizer.load_state_dict(state)
+
     @property
     def optimizer(self) -> _RankOptimizer:
         """Rank 0's optimizer, for checkpoints (``optimizer.state_dict()``; every rank's is the
@@ -451,7 +463,7 @@ def make_ray_trainer(
     pad_token_id: int | None = None,
     version: int = 0,
 ) -> RayTrainerGroup:
-    """``config.ray.train_data_parallel_size`` trainer ranks on the checkpoint at ``model_path``
+    """``config.train.world_size`` trainer ranks on the checkpoint at ``model_path``
     with the ``train`` settings, after connecting to Ray per ``config.ray``."""
     from stalebound.distributed.cluster import init_ray
 
@@ -459,11 +471,11 @@ def make_ray_trainer(
     return RayTrainerGroup(
         str(model_path),
         config.train,
-        world_size=config.ray.train_data_parallel_size,
+        world_size=config.train.world_size,
         pad_token_id=pad_token_id,
         version=version,
         num_cpus=config.ray.trainer_num_cpus,
-        rank_timeout_s=config.ray.rank_timeout_s,
+        rank_timeout_s=config.train.rank_timeout_s,
     )
 
 

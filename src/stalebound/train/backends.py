@@ -103,15 +103,27 @@ class LocalBackend:
     def trainer(
         self, cfg: StaleboundConfig, model: Any, tokenizer: Any, policy_dir: Path, version: int
     ) -> Any:
+        """This process's trainer, or ``train.world_size`` rank processes (``train.parallel``)."""
+        from stalebound.train.parallel.settings import sharded
+
+        if sharded(cfg):
+            from stalebound.train.parallel.launch import launch_ranks
+
+            return launch_ranks(cfg, policy_dir, pad_token_id(tokenizer), version)
         from stalebound.train.trainer import Trainer
 
         return Trainer(model, tokenizer, cfg.train, version=version)
 
     def gather(self, model: Any, trainer: Any) -> None:
-        """The trainer trains ``model`` itself: nothing to bring."""
+        """Nothing when the trainer trains ``model`` itself; the ranks' weights otherwise."""
+        if getattr(trainer, "model", None) is not model:
+            model.load_state_dict(dict(trainer.state_dict_for_engines()))
 
     def close_trainer(self, trainer: Any) -> None:
-        """An in-process trainer holds nothing to stop."""
+        """Stop the rank processes (an in-process trainer holds nothing to stop)."""
+        close = getattr(trainer, "close", None)
+        if close is not None:
+            close()
 
 
 class RayBackend:
@@ -128,9 +140,9 @@ class RayBackend:
     ) -> Any:
         from stalebound.distributed import make_ray_trainer
 
-        pad = tokenizer.pad_token_id
-        pad = tokenizer.eos_token_id if pad is None else pad
-        return make_ray_trainer(cfg, policy_dir, pad_token_id=pad, version=version)
+        return make_ray_trainer(
+            cfg, policy_dir, pad_token_id=pad_token_id(tokenizer), version=version
+        )
 
     def gather(self, model: Any, trainer: Any) -> None:
         """The ranks hold the trained weights."""
@@ -138,6 +150,12 @@ class RayBackend:
 
     def close_trainer(self, trainer: Any) -> None:
         trainer.close()
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The id batches are padded with: the tokenizer's pad token, else its end of sequence."""
+    pad = tokenizer.pad_token_id
+    return int(tokenizer.eos_token_id if pad is None else pad)
 
 
 _BACKENDS: Mapping[str, Callable[[], Backend]] = {"local": LocalBackend, "ray": RayBackend}

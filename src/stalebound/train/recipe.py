@@ -363,8 +363,7 @@ class TrainRecipe:
                 raise resume.unusable(ROLLOUT_STATE, str(exc)) from None
             state = verified.trainer_state
             try:
-                if state["optimizer"] is not None:
-                    self.trainer.optimizer.load_state_dict(state["optimizer"])
+                self.trainer.load_optimizer(resume.path, state["optimizer"])
                 torch.set_rng_state(state["rng"]["torch"])
                 random.setstate(state["rng"]["python"])
             except (ValueError, TypeError, KeyError, RuntimeError) as exc:
@@ -383,7 +382,7 @@ class TrainRecipe:
         self._take_policy_counts()
         progress.wall = time.monotonic() - self._start
         trainer_state = {
-            "optimizer": trainer.optimizer.state_dict(),
+            "optimizer": trainer.optimizer_state(),
             "version": trainer.version,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         }
@@ -397,6 +396,7 @@ class TrainRecipe:
         def save_model(directory: Path) -> None:
             self.model.save_pretrained(directory)
             self.tokenizer.save_pretrained(directory)
+            trainer.save_optimizer(directory)  # trainer ranks write their shards
 
         path = write_checkpoint(
             self.run_dir,

@@ -12,8 +12,9 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -266,6 +267,21 @@ class Trainer:
         the CPU; for a model on a GPU, copies on that GPU, so an engine on the same device takes
         them without a round trip through the CPU (others copy them over themselves)."""
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's whole state, for ``trainer_state.pt``."""
+        state: dict[str, Any] = self.optimizer.state_dict()
+        return state
+
+    def save_optimizer(self, checkpoint: Path) -> None:
+        """Nothing beside :meth:`optimizer_state` (trainer ranks write their shards here)."""
+
+    def load_optimizer(self, checkpoint: Path, state: Mapping[str, Any] | None) -> None:
+        """Continue from ``checkpoint``'s optimizer state: ``state`` (a checkpoint of a trainer
+        alone) or the shards trainer ranks wrote (any world size)."""
+        from stalebound.train.parallel.checkpoint import load_optimizer
+
+        load_optimizer(self.model, self.optimizer, checkpoint, state)
 
     def logprobs(
         self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False

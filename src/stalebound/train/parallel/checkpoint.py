@@ -9,8 +9,8 @@ Its optimizer state is kept one of two ways:
   ``optimizer/`` (each rank writes its shards; ``.metadata`` says which rank wrote what).
 
 :func:`load_optimizer` takes either into any trainer: :mod:`torch.distributed.checkpoint` reshards
-a sharded state for the reading world size (one process included), and a whole state is handed
-to ranks under parameter names (torch's own optimizer state counts parameters by position).
+a sharded state for the reading world size (one process included), and a whole state is cut to each
+rank's shards of the parameters.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OPTIMIZER_DIR", "by_name", "has_sharded_optimizer", "load_optimizer", "save_optimizer"]
+__all__ = ["OPTIMIZER_DIR", "has_sharded_optimizer", "load_optimizer", "save_optimizer"]
 
 OPTIMIZER_DIR = "optimizer"
 """The directory of a checkpoint that holds a sharded optimizer state."""
@@ -31,24 +31,33 @@ def has_sharded_optimizer(checkpoint: Path) -> bool:
 
 def save_optimizer(model: Any, optimizer: Any, directory: Path) -> None:
     """Write ``optimizer``'s state as it is sharded into ``directory`` (every rank calls it)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     state = get_optimizer_state_dict(model, optimizer)
-    dcp.save({"optimizer": state}, checkpoint_id=str(directory))
+    save({"optimizer": state}, checkpoint_id=str(directory))
 
 
-def by_name(state: Mapping[str, Any], model: Any) -> dict[str, Any]:
-    """One trainer's ``optimizer.state_dict()`` (parameters counted by position, in the order of
-    ``model.parameters()`` that train) keyed by parameter name instead."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    return {
-        "state": {names[int(i)]: value for i, value in state["state"].items()},
-        "param_groups": [
-            {**group, "params": [names[int(i)] for i in group["params"]]}
-            for group in state["param_groups"]
-        ],
-    }
+def _sharded_like(state: Mapping[str, Any], optimizer: Any) -> dict[str, Any]:
+    """One trainer's whole ``optimizer.state_dict()`` with each of a parameter's state tensors
+    (AdamW's moments) cut to this rank's shard of that parameter (FSDP's parameters are DTensors;
+    a replicated parameter takes its state as it is)."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    # copies throughout: a state that came through shared memory is its sender's own tensors
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    sharded: dict[int, Any] = {}
+    for index, values in state["state"].items():
+        param = params[int(index)]
+        sharded[int(index)] = {
+            key: distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
+            if isinstance(param, DTensor) and getattr(value, "shape", None) == param.shape
+            else (value.clone() if isinstance(value, torch.Tensor) else value)
+            for key, value in values.items()
+        }
+    return {"state": sharded, "param_groups": state["param_groups"]}
 
 
 def load_optimizer(
@@ -58,24 +67,20 @@ def load_optimizer(
     optimizer state when it has one, else ``state`` (one trainer's whole state, or ``None``:
     nothing to restore). Every rank of a group calls it."""
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
         get_optimizer_state_dict,
         set_optimizer_state_dict,
     )
+    from torch.distributed.checkpoint.state_dict_loader import load
 
     if has_sharded_optimizer(checkpoint):
         # the template's shapes and placements say how to reshard what was written
         target = get_optimizer_state_dict(model, optimizer)
-        dcp.load(
+        load(
             {"optimizer": target},
             checkpoint_id=str(checkpoint / OPTIMIZER_DIR),
             no_dist=not dist.is_initialized(),
         )
         set_optimizer_state_dict(model, optimizer, target)
-    elif state is not None and not dist.is_initialized():
-        optimizer.load_state_dict(state)
     elif state is not None:
-        options = StateDictOptions(full_state_dict=True)
-        set_optimizer_state_dict(model, optimizer, by_name(state, model), options=options)
+        optimizer.load_state_dict(_sharded_like(state, optimizer))

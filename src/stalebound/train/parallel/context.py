@@ -20,6 +20,7 @@ is a collective that all ranks must enter the same number of times.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
@@ -40,8 +41,8 @@ def transformer_blocks(model: Any) -> list[torch.nn.Module]:
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     if blocks:
         return blocks
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
+    lists = [list(m) for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return max(lists, key=len) if lists else []
 
 
 def _mixed_precision(dtype: str) -> Any:
@@ -72,7 +73,9 @@ def parallelize(
     ids = [device.index] if device.type == "cuda" else None
     # Buffers (rotary frequencies) are the same everywhere; broadcasting them on every forward
     # would be a collective per pass, which ranks with fewer micro-batches would not enter.
-    wrapped = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+    newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    no_sync = {"forward_sync_buffers" if newer else "broadcast_buffers": False}
+    wrapped = DistributedDataParallel(model, device_ids=ids, **no_sync)
     return RankContext(model, wrapped, "ddp", autocast=True)
 
 
@@ -130,7 +133,8 @@ class RankContext:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        device: torch.device = next(self.model.parameters()).device
+        return device
 
     def norm_value(self, norm: Tensor) -> float:
         """The global gradient norm ``clip_grad_norm_`` returned (a replicated DTensor under
@@ -138,13 +142,13 @@ class RankContext:
         full = getattr(norm, "full_tensor", None)
         return float(full() if full is not None else norm)
 
-    def full_state_dict(self) -> dict[str, Tensor]:
+    def full_state_dict(self) -> dict[str, Any]:
         """The whole model's weights on rank 0's CPU (an empty dict on the other ranks), gathered
         parameter by parameter: no rank ever holds a second full copy on its device."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state: dict[str, Tensor] = get_model_state_dict(self.model, options=options)
+        state: dict[str, Any] = get_model_state_dict(self.model, options=options)
         if self.parallel == "ddp" and self.rank == 0:  # DDP's are views of the live parameters
             state = {k: v.detach().clone() for k, v in state.items()}
         return state

@@ -127,19 +127,22 @@ class ShardedTrainer:
         results = self.ranks.call("step", args)
         stats: StepStats = results[0][0]
         self._version = stats.version
-        self._weights = self.ranks.weights(results[0][1]) if publish else None
+        self._weights = None
         self.last_step_s = time.perf_counter() - started
         stats = dataclasses.replace(stats, step_time_s=self.last_step_s)
-        for hook in self._hooks:
-            hook(self._weights, self._version)
+        if publish:
+            weights = self._weights = self.ranks.weights(results[0][1])
+            for hook in self._hooks:
+                hook(weights, self._version)
         return stats
 
     def state_dict_for_engines(self) -> Mapping[str, Any]:
         """The full weights of the current version (gathered by the last step, or now)."""
-        if self._weights is None:
+        weights = self._weights
+        if weights is None:
             payload = self.ranks.call("weights", [()] * self.world_size)[0]
-            self._weights = self.ranks.weights(payload)
-        return self._weights
+            weights = self._weights = self.ranks.weights(payload)
+        return weights
 
     # -- checkpoints ---------------------------------------------------------------------------
 

@@ -22,12 +22,16 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from stalebound.train.parallel.driver import TrainerRankError
+from stalebound.train.parallel.driver import ShardedTrainer, TrainerRankError
 from stalebound.train.parallel.rank import RankSpec, TrainerRank
 
-__all__ = ["ProcessRanks", "free_port"]
+if TYPE_CHECKING:
+    from stalebound.config import StaleboundConfig
+
+__all__ = ["ProcessRanks", "free_port", "launch_ranks"]
 
 _log = logging.getLogger(__name__)
 
@@ -188,3 +192,16 @@ class ProcessRanks:
         for proc in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))
         self._kill()
+
+
+def launch_ranks(
+    cfg: StaleboundConfig, model_path: Path, pad_token_id: int, version: int
+) -> ShardedTrainer:
+    """``train.world_size`` rank processes on the checkpoint at ``model_path`` (rank r on
+    :func:`~stalebound.train.parallel.settings.rank_device`), behind a trainer's surface."""
+    from stalebound.train.parallel.settings import rank_device
+
+    t = cfg.train
+    spec = RankSpec(str(model_path), t, pad_token_id, version, t.world_size)
+    devices = [rank_device(cfg, r) for r in range(t.world_size)]
+    return ShardedTrainer(ProcessRanks(spec, devices), t, version=version)

@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-    from torch import Tensor
-
     from stalebound.tasks.base import Trajectory
     from stalebound.train.config import TrainConfig
     from stalebound.train.trainer import RowSpan, StepStats
@@ -93,7 +91,7 @@ class TrainerRank:
         from stalebound.train.trainer import Trainer
 
         c = self.spec.config
-        full: dict[str, Tensor] = {}
+        full: dict[str, Any] = {}
         if self.rank == 0:
             from stalebound.engines.models import load_model
 
@@ -104,7 +102,9 @@ class TrainerRank:
 
             config = AutoConfig.from_pretrained(self.spec.model_path, local_files_only=True)
             with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+                model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                    config, dtype=torch.float32
+                )
         if c.parallel == "fsdp":  # shard first: the meta model's shards take no memory
             context = parallelize(model, c.parallel, dtype=c.dtype, device=self.device)
             self._materialise(model)

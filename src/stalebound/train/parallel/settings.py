@@ -66,6 +66,13 @@ def parallel_problems(cfg: StaleboundConfig) -> Iterator[Invalid]:
                 f"(train.device={t.device})",
                 f"use at most {count - base} ranks, or train.device=cpu",
             )
+    if sharded(cfg) and cfg.engine.kind == "vllm" and cfg.engine.weight_transfer == "cuda_ipc":
+        yield Invalid(
+            "engine.weight_transfer",
+            "cuda_ipc hands the trainer's own GPU tensors to the server, and trainer ranks "
+            "publish the weights they gather on rank 0's CPU",
+            "use engine.weight_transfer=disk with trainer ranks",
+        )
     if sharded(cfg) and t.compile:
         yield Invalid(
             "train.compile",
