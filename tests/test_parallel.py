@@ -171,7 +171,45 @@ def test_rank_settings_are_checked_with_the_fix() -> None:
     ) in str(info.value), str(info.value)
     with pytest.raises(ConfigError, match=r"FSDP keeps its reductions in float32 .*=bfloat16"):
         load_config(overrides=["train.parallel=fsdp", "train.dtype=float16"])
-    with pytest.raises(ConfigError, match=r"train.parallel='zero': use ddp or fsdp"):
+    with pytest.raises(ConfigError, match=r"train.parallel=zero: must be one of ddp, fsdp"):
         load_config(overrides=["train.parallel=zero"])
     # the Ray backend's own spelling of the ranks' count still works
     assert load_config(overrides=["ray.train_data_parallel_size=2"]).train.world_size == 2
+
+
+@pytest.mark.slow
+def test_stalebound_train_with_two_fsdp_ranks_learns_within_the_bound(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    import json
+
+    from stalebound.cli import main
+    from stalebound.train.ledger import audit_run
+    from stalebound.train.parallel.checkpoint import has_sharded_optimizer
+
+    run = tmp_path_factory.mktemp("fsdp-run") / "r"
+    code = main(
+        [
+            "train",
+            "train.parallel=fsdp",
+            "train.world_size=2",
+            "run.steps=30",
+            f"run.run_dir={run}",
+            "run.live=false",
+            "run.eval_prompts=60",
+            "run.plots=false",
+            f"engine.cache_dir={tmp_path_factory.mktemp('models')}",
+        ]
+    )
+    assert code == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["violations"] == 0 and summary["max_staleness"] <= summary["staleness"]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    first, last = (
+        sum(r["reward_mean"] for r in part) / 10 for part in (records[:10], records[-10:])
+    )
+    assert last >= first + 0.05, (first, last, summary)
+    assert [r["step"] for r in records] == list(range(1, 31))
+    assert all(r["num_groups"] == 32 for r in records)  # the whole batch, across both ranks
+    assert has_sharded_optimizer(run / "checkpoints" / "step-000030")
+    assert audit_run(run).ok

@@ -792,3 +792,38 @@ def test_a_disk_that_fills_up_mid_run_fails_clearly_and_resumes_once_freed(
     assert [r["step"] for r in records] == list(range(1, len(records) + 1))
     assert max(r["traj_staleness_max"] for r in records) <= ETA
     tally["items"] += audit.taken
+
+
+def test_a_sharded_run_killed_mid_step_resumes_with_every_prompt_once(
+    tmp_path: Path, models: Path, rng: random.Random, tally: dict[str, Any]
+) -> None:
+    # Two FSDP rank processes train each step; the job is SIGKILLed at a random moment once it
+    # has trained a step after a checkpoint: its ranks end with it, and the resumed run (also
+    # sharded, from its config.yaml) accounts for every prompt exactly once.
+    run_dir = tmp_path / "run"
+    sharded = ("train.parallel=fsdp", "train.world_size=2")
+    run = Run(train_args(run_dir, models, *sharded), tmp_path / "first.log", tally)
+    latest = run_dir / "checkpoints" / "latest"
+    assert wait_until(latest.exists, run, 300, "a first checkpoint")
+    start = len(logged_steps(run_dir))
+    assert wait_until(lambda: len(logged_steps(run_dir)) > start, run, 300, "a step")
+    children = _engine_workers(run.proc.pid)  # the engine worker and the two ranks
+    assert len(children) >= 3, children
+    time.sleep(rng.uniform(0.0, 1.0))
+    assert logged_steps(run_dir)[-1:] != [STEPS], "the run ended before the kill"
+    run.proc.send_signal(signal.SIGKILL)
+    assert run.wait() == -signal.SIGKILL
+    tally["faults"]["sharded trainer SIGKILL mid-step"] += 1
+    deadline = time.monotonic() + 60
+    while any(_running(p) for p in children):  # they end with the job
+        assert time.monotonic() < deadline, "a rank or engine process outlived its job"
+        time.sleep(0.1)
+    resume_to_the_end(run_dir, tmp_path, tally, 1)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"  # a zombie has ended, unreaped

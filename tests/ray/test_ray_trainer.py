@@ -102,5 +102,5 @@ def test_a_batch_smaller_than_the_ranks_is_a_config_error() -> None:
     from stalebound.distributed import split_groups
 
     assert split_groups([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]
-    with pytest.raises(ConfigError, match="train_data_parallel_size=3: a batch of 2 groups"):
+    with pytest.raises(ConfigError, match=r"train\.world_size=3: a batch of 2 groups"):
         split_groups([1, 2], 3)

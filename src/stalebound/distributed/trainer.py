@@ -43,9 +43,10 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from stalebound.core.errors import ConfigError, StaleboundError
+from stalebound.core.errors import ConfigError
 from stalebound.distributed.cluster import import_ray
 from stalebound.distributed.engine import PublishedWeights
+from stalebound.train.parallel.driver import TrainerRankError, split_groups
 
 if TYPE_CHECKING:
     from stalebound.config import StaleboundConfig
@@ -64,34 +65,6 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 PublishCallback = Callable[[Mapping[str, Any], int], None]
-
-
-class TrainerRankError(StaleboundError, RuntimeError):
-    """A trainer rank failed; the group is stopped. ``rank`` names it."""
-
-    def __init__(self, rank: int, cause: str) -> None:
-        self.rank = rank
-        super().__init__(
-            f"trainer rank {rank} failed: {cause}. The trainer group is stopped (its other ranks "
-            "were killed); restart the run from its last checkpoint"
-        )
-
-
-def split_groups(groups: Sequence[Any], world_size: int) -> list[list[Any]]:
-    """``groups`` in ``world_size`` contiguous shards whose sizes differ by at most one."""
-    if len(groups) < world_size:
-        raise ConfigError(
-            f"train_data_parallel_size={world_size}: a batch of {len(groups)} groups cannot give "
-            f"every rank a group; use a consumer_batch_size of at least {world_size} (a multiple "
-            "of it balances the ranks)"
-        )
-    base, extra = divmod(len(groups), world_size)
-    shards, start = [], 0
-    for r in range(world_size):
-        n = base + (1 if r < extra else 0)
-        shards.append(list(groups[start : start + n]))
-        start += n
-    return shards
 
 
 class _TrainerRank:

@@ -74,7 +74,7 @@ def parallelize(
     # Buffers (rotary frequencies) are the same everywhere; broadcasting them on every forward
     # would be a collective per pass, which ranks with fewer micro-batches would not enter.
     newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-    no_sync = {"forward_sync_buffers" if newer else "broadcast_buffers": False}
+    no_sync: dict[str, Any] = {"forward_sync_buffers" if newer else "broadcast_buffers": False}
     wrapped = DistributedDataParallel(model, device_ids=ids, **no_sync)
     return RankContext(model, wrapped, "ddp", autocast=True)
 

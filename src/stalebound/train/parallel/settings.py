@@ -73,6 +73,13 @@ def parallel_problems(cfg: StaleboundConfig) -> Iterator[Invalid]:
             "publish the weights they gather on rank 0's CPU",
             "use engine.weight_transfer=disk with trainer ranks",
         )
+    if cfg.backend == "ray" and t.parallel == "fsdp":
+        yield Invalid(
+            "train.parallel",
+            "fsdp with backend=ray: Ray's trainer ranks are full replicas combining their "
+            "gradients in one all-reduce",
+            "use train.parallel=ddp on Ray, or backend=local for FSDP",
+        )
     if sharded(cfg) and t.compile:
         yield Invalid(
             "train.compile",
