@@ -81,3 +81,33 @@ def test_continuous_batching_against_batched_generate_on_the_gpu(
     # a gross-regression guard only (speed targets live in bench/): continuous batching should
     # not fall far behind one static batch of the same requests
     assert result["ratio"] > 0.25, result
+
+
+def test_fsdp_on_one_gpu_in_bfloat16_trains_and_publishes_to_the_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "run"
+    code = main(
+        [
+            "train",
+            "train.parallel=fsdp",
+            "train.world_size=1",
+            "train.device=cuda",
+            "train.dtype=bfloat16",
+            "engine.device=cuda",
+            "run.steps=20",
+            "run.live=false",
+            "run.eval_prompts=60",
+            f"run.run_dir={run_dir}",
+            f"engine.cache_dir={tmp_path / 'models'}",
+        ]
+    )
+    assert code == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["violations"] == 0 and summary["steps"] == 20
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # every step's weights reached the engine: the versions it sampled with kept up
+    assert records[-1]["staleness_max"] <= summary["staleness"]
+    assert (run_dir / "checkpoints" / "step-000020" / "optimizer" / ".metadata").is_file()
+    with capsys.disabled():
+        print(f"\nFSDP bfloat16 on one GPU: {json.dumps(summary)}")

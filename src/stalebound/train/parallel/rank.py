@@ -166,6 +166,33 @@ class TrainerRank:
     def version(self) -> int:
         return int(self.trainer.version)
 
+    def memory(self) -> dict[str, float]:
+        """This rank's memory, in bytes: what its parameters, gradients and optimizer state take
+        (its shards), its resident set now and at its peak (``VmRSS`` / ``VmHWM``), and on a GPU
+        the most the device allocator held."""
+        import torch
+
+        def local(t: Any) -> int:
+            t = getattr(t, "_local_tensor", t)
+            return int(t.numel() * t.element_size())
+
+        params = list(self.trainer.model.parameters())
+        state = [
+            v for s in self.trainer.optimizer.state.values() for v in s.values() if v.dim() > 0
+        ]
+        status = Path("/proc/self/status").read_text().splitlines()
+        kb = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in status if "kB" in line}
+        return {
+            "parameters": float(sum(local(p) for p in params)),
+            "gradients": float(sum(local(p.grad) for p in params if p.grad is not None)),
+            "optimizer": float(sum(local(v) for v in state)),
+            "rss": float(kb.get("VmRSS", 0)),
+            "peak_rss": float(kb.get("VmHWM", 0)),
+            "cuda_peak": float(torch.cuda.max_memory_allocated())
+            if self.device.type == "cuda"
+            else 0.0,
+        }
+
     def close(self) -> None:
         import torch.distributed as dist
 
