@@ -387,7 +387,12 @@ def rollout_value(config: StaleboundConfig, attrs: tuple[str, ...]) -> Any:
 def test_alias_cases_cover_the_whole_table() -> None:
     rollout_aliases = [a for a, key in ALIASES.items() if key.startswith("rollout.")]
     assert sorted(alias for alias, _, _ in ALIAS_CASES) == sorted(rollout_aliases)
-    assert sorted(set(ALIASES) - set(rollout_aliases)) == ["resume"]
+    # the trainer ranks' count and timeout (tested in tests/test_parallel.py), and resume
+    assert sorted(set(ALIASES) - set(rollout_aliases)) == [
+        "ray.rank_timeout_s",
+        "ray.train_data_parallel_size",
+        "resume",
+    ]
     for alias, _, attrs in ALIAS_CASES:
         assert ALIASES[alias] == "rollout." + ".".join(attrs)
 

@@ -148,11 +148,6 @@ class StaleboundConfig:
     local instance or the cluster at ``ray.address`` (see docs/scale-out.md)."""
     ray: RayConfig = field(default_factory=RayConfig)
 
-    def _validate(self) -> Iterator[Invalid]:
-        from stalebound.train.parallel.settings import parallel_problems
-
-        yield from parallel_problems(self)
-
 
 C = TypeVar("C")
 

@@ -121,6 +121,11 @@ def preflight(cfg: StaleboundConfig, *, on_wait: Callable[[str], None] | None = 
     ``engine.startup_timeout_s``; ``on_wait`` hears of each one that is waited for), and the
     prompts against the model's context length. Raises ConfigError (or a CheckpointError) with
     nothing written."""
+    from stalebound.train.parallel.settings import parallel_problems
+
+    ranks = parallel_problems(cfg)  # the trainer ranks' settings across sections
+    if ranks:
+        raise ConfigError(ranks)
     resume = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
     restart = bool(cfg.run.resume) and resume is None
     saved = SavedJob.read(resume) if resume is not None else None

@@ -1,16 +1,14 @@
-"""The trainer ranks' settings across sections, checked when the config is loaded (no torch).
+"""The trainer ranks' settings across sections, checked before a run writes anything (no torch).
 
-Where the ranks run and what their batch is are decided by settings of three sections (``train``,
-``rollout``, ``backend``/``ray``); :func:`parallel_problems` names every combination that cannot
-run, and :func:`rank_device` says which device each rank trains on.
+Where the ranks run and what their batch is are decided by settings of several sections
+(``train``, ``rollout``, ``engine``, ``backend``); :func:`parallel_problems` names every
+combination that cannot run (``stalebound train`` checks them in its preflight), and
+:func:`rank_device` says which device each rank trains on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
-
-from stalebound.typedconfig import Invalid
 
 if TYPE_CHECKING:
     from stalebound.config import StaleboundConfig
@@ -42,48 +40,45 @@ def rank_device(cfg: StaleboundConfig, rank: int) -> str:
     return "cpu"
 
 
-def parallel_problems(cfg: StaleboundConfig) -> Iterator[Invalid]:
-    """Every cross-section problem of the trainer ranks' settings."""
+def parallel_problems(cfg: StaleboundConfig) -> list[str]:
+    """Every cross-section problem of the trainer ranks' settings, each as
+    ``name=value: why; the fix``."""
     t, batch = cfg.train, cfg.rollout.consumer_batch_size
     n = t.world_size
+    found: list[str] = []
     if not isinstance(n, int) or n < 1:
-        return  # the train section reports it
+        return found  # the train section reports it
     if isinstance(batch, int) and batch % n:
-        yield Invalid(
-            "train.world_size",
-            f"rollout.consumer_batch_size={batch} groups per step do not split evenly across "
-            f"{n} ranks",
-            f"use a world size that divides {batch}, or a consumer_batch_size that is a "
-            f"multiple of {n}",
+        found.append(
+            f"train.world_size={n}: rollout.consumer_batch_size={batch} groups per step do not "
+            f"split evenly across {n} ranks; use a world size that divides {batch}, or a "
+            f"consumer_batch_size that is a multiple of {n}"
         )
     if cfg.backend == "local" and n > 1 and t.device.startswith("cuda"):
         base = int(t.device[5:]) if t.device.startswith("cuda:") else 0
         count = _cuda_count()
         if count and base + n > count:
-            yield Invalid(
-                "train.world_size",
-                f"rank r trains on cuda:{base}+r, but this machine has {count} CUDA device(s) "
-                f"(train.device={t.device})",
-                f"use at most {count - base} ranks, or train.device=cpu",
+            found.append(
+                f"train.world_size={n}: rank r trains on cuda:{base}+r, but this machine has "
+                f"{count} CUDA device(s) (train.device={t.device}); use at most {count - base} "
+                "ranks, or train.device=cpu"
             )
     if sharded(cfg) and cfg.engine.kind == "vllm" and cfg.engine.weight_transfer == "cuda_ipc":
-        yield Invalid(
-            "engine.weight_transfer",
-            "cuda_ipc hands the trainer's own GPU tensors to the server, and trainer ranks "
-            "publish the weights they gather on rank 0's CPU",
-            "use engine.weight_transfer=disk with trainer ranks",
+        found.append(
+            "engine.weight_transfer=cuda_ipc: it hands the trainer's own GPU tensors to the "
+            "server, and trainer ranks publish the weights they gather on rank 0's CPU; use "
+            "engine.weight_transfer=disk with trainer ranks"
         )
     if cfg.backend == "ray" and t.parallel == "fsdp":
-        yield Invalid(
-            "train.parallel",
-            "fsdp with backend=ray: Ray's trainer ranks are full replicas combining their "
-            "gradients in one all-reduce",
-            "use train.parallel=ddp on Ray, or backend=local for FSDP",
+        found.append(
+            "train.parallel=fsdp: with backend=ray the trainer ranks are full replicas combining "
+            "their gradients in one all-reduce; use train.parallel=ddp on Ray, or backend=local "
+            "for FSDP"
         )
     if sharded(cfg) and t.compile:
-        yield Invalid(
-            "train.compile",
-            "the trainer ranks run their passes uncompiled",
-            "set train.compile=false, or train one rank in the job's process "
-            "(train.parallel=ddp train.world_size=1)",
+        found.append(
+            "train.compile=true: the trainer ranks run their passes uncompiled; set "
+            "train.compile=false, or train one rank in the job's process (train.parallel=ddp "
+            "train.world_size=1)"
         )
+    return found
