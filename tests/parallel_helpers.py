@@ -42,6 +42,22 @@ def make_batch(model: Any, *, groups: int, size: int, seed: int, shift: float) -
     return batch
 
 
+def same_step(expected: Any, got: Any, rel: float = 1e-5) -> None:
+    """Two steps' statistics agree (NaN where the other is NaN), the step time aside."""
+    import math
+
+    import pytest
+
+    for key, x in expected.as_dict().items():
+        y = got.as_dict()[key]
+        if key == "step_time_s":
+            continue
+        if math.isnan(x):
+            assert math.isnan(y), key
+        else:
+            assert y == pytest.approx(x, rel=rel, abs=1e-5), key
+
+
 def shard_of(batch: list[list[Any]], rank: int, world_size: int) -> tuple[list[list[Any]], Any]:
     """Rank ``rank``'s groups of ``batch`` and where its rows sit, as the driver splits them."""
     from stalebound.train.parallel.driver import split_groups

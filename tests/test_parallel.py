@@ -3,7 +3,6 @@ trainer takes on the same batch, for every objective; checkpoints resume across 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from parallel_helpers import PAD, make_batch, objectives_rank  # noqa: E402
+from parallel_helpers import PAD, make_batch, objectives_rank, same_step  # noqa: E402
 from stalebound.config import load_config  # noqa: E402
 from stalebound.core.errors import ConfigError  # noqa: E402
 from stalebound.engines.models import build_default_model, load_model  # noqa: E402
@@ -49,17 +48,6 @@ OBJECTIVES: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_default_model(tmp_path_factory.mktemp("parallel-model"), seed=0)
-
-
-def same_step(expected: Any, got: Any) -> None:
-    for key, x in expected.as_dict().items():
-        y = got.as_dict()[key]
-        if key == "step_time_s":
-            continue
-        if math.isnan(x):
-            assert math.isnan(y), key
-        else:
-            assert y == pytest.approx(x, rel=1e-5, abs=1e-5), key
 
 
 def same_weights(expected: Any, got: Any, what: str = "") -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -13,22 +12,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 torch = pytest.importorskip("torch")
 pytest.importorskip("ray")
 
-from parallel_helpers import PAD, make_batch  # noqa: E402
+from parallel_helpers import PAD, make_batch, same_step  # noqa: E402
 from stalebound.engines.models import load_model  # noqa: E402
 from stalebound.train import TrainConfig, Trainer  # noqa: E402
 
 torch.set_num_threads(1)
-
-
-def close_stats(a: Any, b: Any) -> None:
-    for key, x in a.as_dict().items():
-        y = b.as_dict()[key]
-        if key == "step_time_s":
-            continue
-        if math.isnan(x):
-            assert math.isnan(y), key
-        else:
-            assert y == pytest.approx(x, rel=1e-4, abs=1e-5), key
 
 
 @pytest.mark.parametrize(
@@ -60,7 +48,7 @@ def test_two_ranks_match_the_local_trainer(
         for i, batch in enumerate(batches):
             expected = local.step(batch, batch_version=i + 1)
             got = group.step(batch, batch_version=i + 1)
-            close_stats(expected, got)
+            same_step(expected, got, rel=1e-4)
             assert group.version == local.version == i + 1
         weights = group.state_dict_for_engines()
         assert isinstance(weights, PublishedWeights)
