@@ -601,15 +601,19 @@ def test_main_prints_its_help(flag: str) -> None:
 def _printed_and_trained(
     argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> tuple[Any, Any]:
-    """What ``python -m stalebound.config ARGV`` prints, and the settings ``stalebound train
-    ARGV`` hands to the job (caught where the job would start), both as plain data."""
+    """What ``python -m stalebound.config ARGV`` prints (the same as ``stalebound train
+    --print-config ARGV``), and the settings ``stalebound train ARGV`` hands to the job (caught
+    where the job would start), both as plain data."""
     from stalebound.cli import main as cli_main
     from stalebound.config.cli import main as config_main
     from stalebound.train import recipe
     from stalebound.typedconfig import to_plain
 
     assert config_main(argv) == 0
-    printed = yaml.safe_load(capsys.readouterr().out)
+    text = capsys.readouterr().out
+    assert cli_main(["train", "--print-config", *argv]) == 0
+    assert capsys.readouterr().out == text
+    printed = yaml.safe_load(text)
     trained: list[StaleboundConfig] = []
     monkeypatch.setattr(recipe, "run_training", lambda cfg: trained.append(cfg))
     assert cli_main(["train", *argv]) == 0
@@ -642,6 +646,69 @@ def test_main_prints_what_a_resumed_run_runs(
     assert printed["rollout"]["staleness"] == 1  # the run's own settings
     assert printed["run"]["steps"] == 8  # what the command line says on top
     assert printed["run"]["run_dir"] == str(run_dir)
+
+
+def test_printed_settings_write_out_the_deadline_policys_target_and_margin(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for eta, target, margin in ((4, 2, 1), (8, 4, 1), (16, 8, 2)):
+        printed, trained = _printed_and_trained([f"rollout.staleness={eta}"], monkeypatch, capsys)
+        assert printed == trained
+        deadline = printed["rollout"]["deadline"]
+        assert (deadline["target"], deadline["margin"]) == (target, margin)
+    given = ["rollout.deadline.target=1", "rollout.deadline.margin=3"]
+    printed, _ = _printed_and_trained(given, monkeypatch, capsys)
+    assert (printed["rollout"]["deadline"]["target"], printed["rollout"]["deadline"]["margin"]) == (
+        1,
+        3,
+    )
+
+
+def test_a_users_model_gets_pretrained_defaults_and_the_demo_keeps_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stalebound.engines.models import build_default_model
+
+    def train(argv: list[str]) -> dict[str, Any]:
+        printed, trained = _printed_and_trained(argv, monkeypatch, capsys)
+        assert printed == trained
+        return {k: printed["train"][k] for k in ("lr", "warm_start_steps", "micro_batch_tokens")}
+
+    users = tmp_path / "my-checkpoint"
+    assert train([f"engine.model_path={users}"]) == {
+        "lr": 1e-6,
+        "warm_start_steps": 0,
+        "micro_batch_tokens": 16384,
+    }
+    # what the user sets wins, from the command line or a file
+    own = tmp_path / "own.yaml"
+    own.write_text(f"engine:\n  model_path: {users}\ntrain:\n  warm_start_steps: 20\n")
+    assert train([str(own), "train.lr=3e-5"]) == {
+        "lr": 3e-5,
+        "warm_start_steps": 20,
+        "micro_batch_tokens": 16384,
+    }
+    demo = {"lr": 1e-3, "warm_start_steps": 40, "micro_batch_tokens": None}
+    assert train([]) == demo
+    assert train([f"engine.model_path={build_default_model(tmp_path / 'default')}"]) == demo
+
+
+def test_print_config_writes_nothing_and_reports_bad_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stalebound.cli import main as cli_main
+
+    run_dir = tmp_path / "run"
+    assert cli_main(["train", "--print-config", f"run.run_dir={run_dir}"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["run"]["run_dir"] == str(run_dir)
+    assert list(tmp_path.iterdir()) == []
+    assert cli_main(["train", "--print-config", "train.lr=0"]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err == (
+        "stalebound train: train.lr=0.0: must be a finite number > 0 (1e-3 suits the tiny model); "
+        "see docs/config.md\n"
+    )
 
 
 # -- the reference documentation --------------------------------------------------------------------

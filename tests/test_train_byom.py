@@ -14,7 +14,8 @@ from stalebound.cli import main
 pytestmark = pytest.mark.slow
 
 # A model trained from scratch on BPE knows no arithmetic: warm start gives it well-formed answers
-# (greedy accuracy about 0.8 on one-digit addition after 100 steps), RL takes it further.
+# (greedy accuracy about 0.8 on one-digit addition after 100 steps), RL takes it further. Warm
+# start and the learning rate are set, as a user's checkpoint gets neither by default.
 WARM_START_STEPS = 100
 
 
@@ -36,6 +37,7 @@ def run(qwen2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
             "train",
             f"engine.model_path={qwen2_dir}",
             f"train.warm_start_steps={WARM_START_STEPS}",
+            "train.lr=1e-3",  # a model trained from scratch takes the demo's rate, not 1e-6
             "run.steps=20",
             "run.checkpoint_every_steps=10",
             "run.eval_prompts=40",

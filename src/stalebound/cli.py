@@ -72,11 +72,17 @@ def _train(argv: Sequence[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(TRAIN_HELP)
         return 0
+    print_config = "--print-config" in argv
     try:
-        cfg = train_config(argv)
+        cfg = train_config([a for a in argv if a != "--print-config"])
     except StaleboundError as e:
         print(f"stalebound train: {e}", file=sys.stderr)
         return 2
+    if print_config:
+        from stalebound.config import dump_yaml
+
+        sys.stdout.write(dump_yaml(cfg))
+        return 0
     from stalebound.train.outcome import TrainingInterrupted
     from stalebound.train.recipe import run_training
 
@@ -131,7 +137,13 @@ e.g. rollout.staleness=2 run.steps=40; the seeds' spellings work too:
 --max-head-offpolicyness 4 --max-concurrent-rollouts 64, psrl.staleness=2 psrl.rollout_n=8.
 
 Checkpoints go to RUN_DIR/checkpoints (run.checkpoint_every_steps, at the end, and on
-SIGTERM/SIGINT). Continue a run with: stalebound train resume=RUN_DIR [run.steps=100 ...]"""
+SIGTERM/SIGINT). Continue a run with: stalebound train resume=RUN_DIR [run.steps=100 ...]
+
+With engine.model_path naming your own checkpoint, the defaults suit a pretrained model
+(train.lr 1e-6, no warm start, train.micro_batch_tokens 16384; docs/training.md); what you set
+still wins.
+
+  --print-config   print the fully resolved settings as YAML and exit (nothing is written)"""
 
 
 EXTRAS = {

@@ -76,6 +76,7 @@ def test_train_against_vllm_with_the_users_checkpoint(
             f"engine.urls=[{qwen2_server.url}]",
             f"engine.model_path={qwen2_dir}",
             "train.warm_start_steps=100",
+            "train.lr=1e-3",
             "run.steps=10",
             f"run.run_dir={run_dir}",
             "run.live=false",

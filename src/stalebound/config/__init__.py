@@ -2,7 +2,8 @@
 
 Each layer declares its section next to its code (``rollout`` in :mod:`stalebound.runtime.config`,
 ``engine`` in :mod:`stalebound.engines.config`, ``train`` and ``run`` in
-:mod:`stalebound.train.config`, ``task`` in :mod:`stalebound.tasks.config`, ``ray`` in
+:mod:`stalebound.train.config`, ``task`` in :mod:`stalebound.tasks.config`, ``obs`` in
+:mod:`stalebound.obs.config`, ``ray`` in
 :mod:`stalebound.distributed.config`); this module puts them together under
 :class:`StaleboundConfig` with the seeds' aliases. The loader (:mod:`stalebound.typedconfig`: YAML
 files, ``key.path=value`` overrides, validation that reports every problem at once) is generic
@@ -23,6 +24,7 @@ from stalebound.core.errors import ConfigError
 from stalebound.data.config import DataConfig
 from stalebound.distributed.config import RayConfig
 from stalebound.engines.config import EngineConfig
+from stalebound.obs.config import ObsConfig
 from stalebound.runtime.config import (
     STALENESS_ALIASES,
     DeadlineConfig,
@@ -40,10 +42,12 @@ __all__ = [
     "BENCH_RECIPE",
     "SYNONYMS",
     "TRAIN_RECIPE",
+    "USER_MODEL_RECIPE",
     "DeadlineConfig",
     "EngineConfig",
     "FilterGroupsConfig",
     "GroupPostProcessConfig",
+    "ObsConfig",
     "ProactiveFilterConfig",
     "RayConfig",
     "RolloutConfig",
@@ -143,6 +147,9 @@ class StaleboundConfig:
     """A user's dataset (``data.path``); when set, its rows replace the task's prompts and
     ``task.reward`` scores the answers (docs/data.md)."""
     run: RunConfig = field(default_factory=RunConfig)
+    obs: ObsConfig = field(default_factory=ObsConfig)
+    """Where the step metrics and the resolved config are logged besides the run directory's
+    records: TensorBoard, Weights & Biases, MLflow (docs/observability.md)."""
     backend: Literal["local", "ray"] = "local"
     """``local``: engines and trainer in this machine's processes. ``ray``: as Ray actors, on a
     local instance or the cluster at ``ray.address`` (see docs/scale-out.md)."""
@@ -224,6 +231,10 @@ def load_config(
 
 TRAIN_RECIPE = Path(__file__).parents[1] / "configs" / "train.yaml"
 """The main job's recipe: the base layer of ``stalebound train`` and ``stalebound bench``."""
+
+USER_MODEL_RECIPE = Path(__file__).parents[1] / "configs" / "user_model.yaml"
+"""What ``stalebound train`` adds on top of :data:`TRAIN_RECIPE` when ``engine.model_path`` names a
+user's checkpoint: a learning rate for pretrained models, no warm start, micro-batches."""
 
 BENCH_RECIPE = Path(__file__).parents[1] / "configs" / "bench.yaml"
 """What ``stalebound bench`` adds on top of :data:`TRAIN_RECIPE`: a heavy-tailed reward latency."""

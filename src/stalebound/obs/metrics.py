@@ -2,7 +2,8 @@
 
 Per step it appends a record to ``metrics.jsonl`` (and the step's staleness counts to
 ``staleness.jsonl``), writes the scalars and a staleness histogram to TensorBoard event files under
-``tensorboard/``, and, when asked, updates Prometheus gauges served on 127.0.0.1. Buffer samples go
+``tensorboard/``, hands the metrics to the loggers of ``obs.loggers`` (wandb, MLflow:
+:mod:`stalebound.obs.loggers`), and, when asked, updates Prometheus gauges served on 127.0.0.1. Buffer samples go
 to ``buffers.jsonl``. The file formats are described in :mod:`stalebound.obs.records`.
 
 Every line is flushed when written, so a crash loses at most the line being written; resuming
@@ -25,6 +26,7 @@ from typing import IO, Any
 
 from stalebound.core import ConfigError, ProtocolError
 from stalebound.core.checks import check_version, is_integral
+from stalebound.obs.loggers import MetricLogger
 from stalebound.obs.prometheus import PrometheusExporter
 from stalebound.obs.records import (
     BUFFERS_FILE,
@@ -60,7 +62,9 @@ class RunLogger:
     ``tensorboard``: write event files (needs the ``obs`` extra; without it a warning is logged
     once and the JSON files are still written). ``prometheus_port``: serve Prometheus metrics on
     ``127.0.0.1`` at that port (``0`` picks a free one); ``None`` (the default) serves nothing.
-    ``clock``: the monotonic clock wall times are measured with.
+    ``loggers``: more places each step's metrics go (:class:`~stalebound.obs.loggers.
+    MetricLogger`: wandb, MLflow), closed with this logger. ``clock``: the monotonic clock wall
+    times are measured with.
 
     Thread-safe: the trainer may log steps while a dispatcher thread logs buffer samples.
     """
@@ -73,6 +77,7 @@ class RunLogger:
         resume_step: int | None = None,
         tensorboard: bool = True,
         prometheus_port: int | None = None,
+        loggers: Sequence[MetricLogger] = (),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.run_dir = Path(run_dir)
@@ -120,6 +125,7 @@ class RunLogger:
         if prometheus_port is not None:
             self._prom = PrometheusExporter(prometheus_port)
             log.info("Prometheus metrics at %s", self._prom.url)
+        self._loggers = list(loggers)
         self._closed = False
 
     # ------------------------------------------------------------------ queries
@@ -227,6 +233,10 @@ class RunLogger:
             if self._prom is not None:
                 finite = {k: v for k, v in clean.items() if math.isfinite(v)}
                 self._prom.record_step(step, version, finite, counts)
+            for logger in self._loggers:
+                logger.log_metrics(
+                    step, clean if version is None else {**clean, "version": version}
+                )
         return record
 
     def log_buffers(
@@ -286,6 +296,8 @@ class RunLogger:
                 self._tb.close()
             if self._prom is not None:
                 self._prom.close()
+            for logger in self._loggers:
+                logger.close()
 
     def __enter__(self) -> RunLogger:
         return self

@@ -33,7 +33,9 @@ class TrainConfig:
     """
 
     lr: float = 1e-3
-    """AdamW learning rate (1e-3 suits the tiny default model; 2e-3 collapsed its entropy)."""
+    """AdamW learning rate (1e-3 suits the tiny default model; 2e-3 collapsed its entropy).
+    ``stalebound train`` with ``engine.model_path`` naming a user's checkpoint defaults to 1e-6,
+    a usual rate for pretrained models (docs/training.md)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.99)
@@ -98,7 +100,9 @@ class TrainConfig:
     """The most padded tokens (rows × longest row) one forward/backward pass takes; a larger
     minibatch is split into micro-batches whose gradients are accumulated before the optimizer
     step, so a step computes what one big batch would (up to float rounding). A row longer than
-    the budget is a micro-batch of its own. ``None`` runs each minibatch in one pass."""
+    the budget is a micro-batch of its own. ``None`` runs each minibatch in one pass;
+    ``stalebound train`` with ``engine.model_path`` naming a user's checkpoint defaults to
+    16384."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """How ``world_size`` trainer ranks share a step (see docs/scale-out.md). ``ddp``: each rank
     holds a full replica and torch's ``DistributedDataParallel`` averages the gradients (at world
@@ -119,7 +123,9 @@ class TrainConfig:
     seed: int = 0
     """Seed of warm start's shuffling and sampling."""
     warm_start_steps: int = 40
-    """Supervised steps on the task's reference answers before RL (0 skips warm start)."""
+    """Supervised steps on the task's reference answers before RL (0 skips warm start).
+    ``stalebound train`` with ``engine.model_path`` naming a user's checkpoint defaults to 0: a
+    pretrained model gets warm start only when this is set."""
     warm_start_batch_size: int = 64
     """Samples per warm-start step."""
     warm_start_lr: float = 3e-3

@@ -22,10 +22,12 @@ from typing import Any
 
 from stalebound.config import (
     TRAIN_RECIPE,
+    USER_MODEL_RECIPE,
     StaleboundConfig,
     load_config,
     parse_cli_overrides,
 )
+from stalebound.core.deadline import deadline_bounds, default_margin
 from stalebound.core.errors import ConfigError
 from stalebound.engines.models import (
     CHARSET,
@@ -36,6 +38,7 @@ from stalebound.engines.models import (
     is_default_model,
     load_tokenizer,
 )
+from stalebound.obs.loggers import logger_problems
 from stalebound.runtime.config import STALENESS_ALIASES
 from stalebound.tasks.base import Task
 from stalebound.tasks.dataset import build_task
@@ -70,15 +73,18 @@ __all__ = [
     "preflight",
     "refuse_a_held_run_dir",
     "train_config",
+    "users_model",
     "verify_resume",
 ]
 
 
 def train_config(argv: Sequence[str]) -> StaleboundConfig:
-    """The settings ``stalebound train ARGV`` runs with: the train recipe
-    (:data:`~stalebound.config.TRAIN_RECIPE`), then the YAML files, overrides and flags of
-    ``argv``. With ``resume=RUN``, the run's own ``config.yaml`` takes the recipe's place (what
-    ``argv`` says still applies on top) and the run keeps its directory."""
+    """The settings ``stalebound train ARGV`` runs with, fully resolved: the train recipe
+    (:data:`~stalebound.config.TRAIN_RECIPE`), then, when ``engine.model_path`` names a user's
+    checkpoint, :data:`~stalebound.config.USER_MODEL_RECIPE`, then the YAML files, overrides and
+    flags of ``argv``; the deadline policy's soft target and margin are filled in where left null.
+    With ``resume=RUN``, the run's own ``config.yaml`` takes the recipes' place (what ``argv``
+    says still applies on top) and the run keeps its directory."""
     paths, overrides = parse_cli_overrides(argv)
     cfg = load_config([TRAIN_RECIPE, *paths], overrides)
     if cfg.run.resume:
@@ -87,7 +93,31 @@ def train_config(argv: Sequence[str]) -> StaleboundConfig:
         if problem:
             raise ConfigError(problem)
         cfg = load_config([saved, *paths], [*overrides, f"run.run_dir={saved.parent}"])
-    return cfg
+    elif users_model(cfg):
+        cfg = load_config([TRAIN_RECIPE, USER_MODEL_RECIPE, *paths], overrides)
+    return _resolved(cfg)
+
+
+def users_model(cfg: StaleboundConfig) -> bool:
+    """Whether ``engine.model_path`` names a user's checkpoint rather than none or the embedded
+    default model (whose recipe values are tuned for it)."""
+    path = cfg.engine.model_path
+    if not path:
+        return False
+    return not is_default_model(path, seed=cfg.seed)
+
+
+def _resolved(cfg: StaleboundConfig) -> StaleboundConfig:
+    """``cfg`` with what the deadline policy's nulls stand for written out: the soft target
+    (η_h // 2) and the admission margin (⌈η_s / 4⌉)."""
+    rollout = cfg.rollout
+    if rollout.staleness_policy != "deadline":
+        return cfg
+    deadline = rollout.deadline
+    soft, _ = deadline_bounds(deadline.target, rollout.staleness)
+    margin = default_margin(soft) if deadline.margin is None else deadline.margin
+    deadline = dataclasses.replace(deadline, target=soft, margin=margin)
+    return dataclasses.replace(cfg, rollout=dataclasses.replace(rollout, deadline=deadline))
 
 
 @dataclass(frozen=True)
@@ -114,7 +144,8 @@ class Plan:
 
 
 def preflight(cfg: StaleboundConfig, *, on_wait: Callable[[str], None] | None = None) -> Plan:
-    """Every check before the run directory is touched, in order: the checkpoint to resume (every
+    """Every check before the run directory is touched, in order: the trainer ranks' settings,
+    the loggers' packages, the checkpoint to resume (every
     file's checksum, the job's state, the settings it was written with, every file read whole,
     the records it cuts back to), the run directory, the task and its prompts, the paths, the
     size settings against the memory, the servers of ``engine.urls`` (they answer, within
@@ -123,9 +154,10 @@ def preflight(cfg: StaleboundConfig, *, on_wait: Callable[[str], None] | None = 
     nothing written."""
     from stalebound.train.parallel.settings import parallel_problems
 
-    ranks = parallel_problems(cfg)  # the trainer ranks' settings across sections
-    if ranks:
-        raise ConfigError(ranks)
+    # the trainer ranks' settings across sections; the loggers' packages
+    problems = parallel_problems(cfg) + logger_problems(cfg.obs.loggers)
+    if problems:
+        raise ConfigError(problems)
     resume = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
     restart = bool(cfg.run.resume) and resume is None
     saved = SavedJob.read(resume) if resume is not None else None

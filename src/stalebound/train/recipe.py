@@ -47,6 +47,7 @@ from stalebound.engines.devices import resolve_device
 from stalebound.engines.models import load_model, load_tokenizer
 from stalebound.engines.protocol import SamplingParams
 from stalebound.obs.live import LiveView, phase, summary_table
+from stalebound.obs.loggers import open_loggers
 from stalebound.obs.metrics import RunLogger
 from stalebound.obs.plots import plot_run
 from stalebound.obs.records import BufferRow, buffer_rows
@@ -83,6 +84,7 @@ from stalebound.train.outcome import (
 )
 from stalebound.train.preflight import Plan, preflight, refuse_a_held_run_dir
 from stalebound.train.runlock import RunLock
+from stalebound.typedconfig import to_plain
 
 __all__ = ["TrainRecipe", "run_training"]
 
@@ -306,12 +308,19 @@ class TrainRecipe:
 
         # the run's records; a run started again from the beginning cuts them back to nothing
         resume_step = resume.step if resume is not None else (0 if self.restart else None)
-        self.logger = RunLogger(
-            run_dir,
-            tensorboard=cfg.run.tensorboard,
-            resume=resume_step is not None,
-            resume_step=resume_step,
-        )
+        loggers = open_loggers(cfg.obs, run_dir, to_plain(cfg), resume=resume is not None)
+        try:
+            self.logger = RunLogger(
+                run_dir,
+                tensorboard=cfg.run.tensorboard and "tensorboard" in cfg.obs.loggers,
+                resume=resume_step is not None,
+                resume_step=resume_step,
+                loggers=loggers,
+            )
+        except BaseException:
+            for logger in loggers:
+                logger.close()
+            raise
         self._on_failure.append(("the metrics", self.logger.close))
         self.ledger = ItemLedger(run_dir, resume_step=resume_step)
         self._closers.append(("the item ledger", self.ledger.close))
