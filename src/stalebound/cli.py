@@ -157,6 +157,8 @@ EXTRAS = {
     "prometheus_client": "obs",
     "ray": "ray",
     "httpx": "vllm",
+    "wandb": "wandb",
+    "mlflow": "mlflow",
 }
 """The optional dependencies by the extra that installs them (pyproject.toml)."""
 
