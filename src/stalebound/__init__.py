@@ -61,14 +61,12 @@ if TYPE_CHECKING:
         WorkflowEngine,
         register_task,
     )
-    from stalebound.train.outcome import TrainResult
-    from stalebound.train.preflight import train_config
-    from stalebound.train.recipe import run_training
 
 __version__ = "0.1.0"
 
 # The runtime (asyncio, threads), the tasks and the trainer load on first use, so
-# `import stalebound` stays light.
+# `import stalebound` stays light. (The trainer's names are left out of the TYPE_CHECKING imports
+# above: the trainer imports this package for its version, and imports go one way.)
 __getattr__ = lazy_attributes(
     __name__,
     {
