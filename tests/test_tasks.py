@@ -35,7 +35,7 @@ from stalebound.tasks import (
 from stalebound.tasks.base import Trajectory
 from stalebound.tasks.calculator import calculate, parse_tool_call
 from stalebound.tasks.config import CalculatorConfig, StringsConfig
-from stalebound.tasks.workflow import EpisodeEngine, as_workflow
+from stalebound.tasks.workflow import EpisodeEngine, as_workflow, encode_tool_reply
 from train_helpers import EOS, CharTokenizer
 
 
@@ -341,6 +341,29 @@ def test_calculator_tool_replies_enter_as_chat_messages_with_a_chat_template() -
     assert tok.decode(masked) == (
         "\n<|im_start|>tool\n=6;<|im_end|>\n<|im_start|>assistant\n"
         "\n<|im_start|>tool\n=10;<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "arch, said, written",
+    [
+        ("qwen2", "[2*3]", "\n<|im_start|>tool\n=6;<|im_end|>\n<|im_start|>assistant\n"),
+        ("qwen2", "", "\n<|im_start|>tool\n=6;<|im_end|>\n<|im_start|>assistant\n"),
+        ("llama", "[2*3]", "=6;</s>"),  # the Llama-2-style template: every other turn + </s>
+    ],
+)
+def test_a_tool_reply_is_what_the_template_writes_after_the_models_end_of_turn(
+    arch: str, said: str, written: str
+) -> None:
+    from stalebound.engines.models import build_bpe_tokenizer
+
+    tok = build_bpe_tokenizer(arch)
+    messages = [{"role": "user", "content": "2*3+4?"}, {"role": "assistant", "content": said}]
+    assert tok.decode(encode_tool_reply(tok, messages, "=6;")) == written
+    with pytest.raises(ConfigError, match=r"^tokenizer.chat_template: rendering the conversation"):
+        encode_tool_reply(tok, messages[:1], "=6;")  # no assistant turn to follow
+    assert encode_tool_reply(CharTokenizer(), messages, "=6;") == CharTokenizer().encode(
+        "=6;", add_special_tokens=False
     )
 
 

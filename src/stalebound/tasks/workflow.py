@@ -127,17 +127,19 @@ def encode_tool_reply(
     """
     if not getattr(tokenizer, "chat_template", None):
         return encode_text(tokenizer, reply)
+    said = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else None
+    # where the assistant's text starts: after the generation prompt the model continued from
+    header = _render(tokenizer, messages[:-1], True) if said is not None else ""
     before = _render(tokenizer, messages, False)
     after = _render(tokenizer, [*messages, {"role": "tool", "content": reply}], True)
-    said = messages[-1]["content"] if messages and messages[-1]["role"] == "assistant" else None
-    end = before.rfind(said) if said else -1
-    if end < 0 or not after.startswith(before):
+    if said is None or not before.startswith(header + said) or not after.startswith(before):
         raise ConfigError(
             "tokenizer.chat_template: rendering the conversation with a tool reply added does "
             "not extend the rendering of the assistant turn before it, so the reply cannot be "
-            "appended to the episode; use a template that renders each message on its own"
+            "appended to the episode; use a template that renders each message on its own, and "
+            "end messages with the assistant turn that called the tool"
         )
-    cut = end + len(said or "")
+    cut = len(header) + len(said)
     eos = getattr(tokenizer, "eos_token", None)
     if isinstance(eos, str) and eos and before.startswith(eos, cut):
         cut += len(eos)  # the model wrote its end of turn itself; what follows is the template's
