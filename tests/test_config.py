@@ -295,8 +295,7 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
             "use 1 for no grouping, more for GRPO-style groups",
             "  - rollout.proactive_filter.threshold=-1: must be an integer ≥ 0; "
             "count RESERVED entries, e.g. 4 (the default)",
-            "  - rollout.unknown_thing=1: unknown key; remove it "
-            "(python -m stalebound.config --reference lists every key)",
+            "  - rollout.unknown_thing=1: unknown key; did you mean rollout.workflow_args?",
         ]
     )
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,6 +35,7 @@ from stalebound.tasks import (
 from stalebound.tasks.base import Trajectory
 from stalebound.tasks.calculator import calculate, parse_tool_call
 from stalebound.tasks.config import CalculatorConfig, StringsConfig
+from stalebound.tasks.workflow import EpisodeEngine, as_workflow, encode_tool_reply
 from train_helpers import EOS, CharTokenizer
 
 
@@ -244,20 +246,29 @@ class Gen:
 class ScriptedModel:
     """Answers each turn from a script, recording what it was asked."""
 
-    def __init__(self, tok: CharTokenizer, turns: list[str], version: int = 3) -> None:
-        self.tok, self.turns, self.version = tok, list(turns), version
+    def __init__(self, tok: Any, turns: list[str], version: int = 3, eos: int = EOS) -> None:
+        self.tok, self.turns, self.version, self.eos = tok, list(turns), version, eos
         self.calls: list[list[int]] = []
+        self.limits: list[int] = []
 
     async def __call__(
         self, input_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int]
     ) -> Gen:
         self.calls.append(list(input_ids))
+        self.limits.append(max_new_tokens)
         text = self.turns.pop(0)
         ids = self.tok.encode(text, add_special_tokens=False)
         reason = "length" if len(ids) >= max_new_tokens else "stop"
-        ids = ids[:max_new_tokens] if reason == "length" else [*ids, EOS]
+        ids = ids[:max_new_tokens] if reason == "length" else [*ids, self.eos]
         self.version += 1
         return Gen(ids, [-0.5] * len(ids), [self.version] * len(ids), reason)
+
+
+async def episode(task: Task, tok: Any, model: ScriptedModel, row: Sample) -> Trajectory:
+    """One episode of ``task``'s workflow, generating with ``model``."""
+    result = await task.workflow(tok).arun_episode(EpisodeEngine(model, tok, task), row)
+    assert result is not None
+    return result
 
 
 def test_single_turn_workflow() -> None:
@@ -265,13 +276,13 @@ def test_single_turn_workflow() -> None:
     task = make_task(TaskConfig(name="arithmetic"))
     s = Sample("7", "12+30", "42")
     model = ScriptedModel(tok, ["42"])
-    traj = asyncio.run(task.workflow(tok).run(model, s))
+    traj = asyncio.run(episode(task, tok, model, s))
     assert model.calls == [tok.encode("12+30=")]
     assert traj.prompt_ids == tok.encode("12+30=")
     assert traj.output_ids == [*tok.encode("42", add_special_tokens=False), EOS]
     assert traj.reward == 1.0 and not traj.truncated and traj.response == "42"
     assert traj.versions == [4, 4, 4] and traj.v_traj == 4 and traj.num_trained_tokens == 3
-    long = asyncio.run(task.workflow(tok).run(ScriptedModel(tok, ["4" * 20]), s))
+    long = asyncio.run(episode(task, tok, ScriptedModel(tok, ["4" * 20]), s))
     assert long.truncated and long.reward == 0.0 and len(long.output_ids) == 12
 
 
@@ -293,7 +304,7 @@ def test_calculator_episode_masks_tool_tokens() -> None:
     demo = task.demonstration(s)
     assert [t.text for t in demo] == ["[37*24]", "=888;", "[888+15]", "=903;", "903"]
     model = ScriptedModel(tok, [t.text for t in demo if t.role == "model"], version=0)
-    traj = asyncio.run(task.workflow(tok).run(model, s))
+    traj = asyncio.run(episode(task, tok, model, s))
     assert traj.reward == 1.0 and traj.response == "903" and not traj.truncated
     assert traj.metrics["tool_calls"] == 2.0 and traj.metrics["tool_wait_s"] == pytest.approx(0.02)
     enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
@@ -308,15 +319,106 @@ def test_calculator_episode_masks_tool_tokens() -> None:
     assert model.calls[2] == traj.prompt_ids + expected[:27]
 
 
+def test_calculator_tool_replies_enter_as_chat_messages_with_a_chat_template() -> None:
+    from stalebound.engines.models import build_bpe_tokenizer
+
+    tok = build_bpe_tokenizer("qwen2")  # a ChatML template, as Qwen's
+    cfg = TaskConfig(name="calculator")
+    cfg.calculator.latency.distribution = "none"
+    task = make_task(cfg)
+    model = ScriptedModel(tok, ["[2*3]", "[6+4]", "10"], version=0, eos=tok.eos_token_id)
+    traj = asyncio.run(episode(task, tok, model, Sample("0", "2*3+4", "10")))
+    assert traj.reward == 1.0 and traj.response == "10"
+    # each tool reply is a `tool` message of the template, then the next assistant turn opens
+    text = tok.decode(traj.prompt_ids + traj.output_ids)
+    assert text == (
+        "<|im_start|>user\n2*3+4?<|im_end|>\n<|im_start|>assistant\n[2*3]<|im_end|>"
+        "\n<|im_start|>tool\n=6;<|im_end|>\n<|im_start|>assistant\n[6+4]<|im_end|>"
+        "\n<|im_start|>tool\n=10;<|im_end|>\n<|im_start|>assistant\n10<|im_end|>"
+    )
+    # the template's tokens are the environment's: masked from the loss
+    masked = [t for t, m in zip(traj.output_ids, traj.loss_mask or [], strict=True) if not m]
+    assert tok.decode(masked) == (
+        "\n<|im_start|>tool\n=6;<|im_end|>\n<|im_start|>assistant\n"
+        "\n<|im_start|>tool\n=10;<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "arch, said, written",
+    [
+        ("qwen2", "[2*3]", "\n<|im_start|>tool\n=6;<|im_end|>\n<|im_start|>assistant\n"),
+        ("qwen2", "", "\n<|im_start|>tool\n=6;<|im_end|>\n<|im_start|>assistant\n"),
+        ("llama", "[2*3]", "=6;</s>"),  # the Llama-2-style template: every other turn + </s>
+    ],
+)
+def test_a_tool_reply_is_what_the_template_writes_after_the_models_end_of_turn(
+    arch: str, said: str, written: str
+) -> None:
+    from stalebound.engines.models import build_bpe_tokenizer
+
+    tok = build_bpe_tokenizer(arch)
+    messages = [{"role": "user", "content": "2*3+4?"}, {"role": "assistant", "content": said}]
+    assert tok.decode(encode_tool_reply(tok, messages, "=6;")) == written
+    with pytest.raises(ConfigError, match=r"^tokenizer.chat_template: rendering the conversation"):
+        encode_tool_reply(tok, messages[:1], "=6;")  # no assistant turn to follow
+    assert encode_tool_reply(CharTokenizer(), messages, "=6;") == CharTokenizer().encode(
+        "=6;", add_special_tokens=False
+    )
+
+
+def test_a_workflow_of_the_earlier_interface_still_runs_and_warns() -> None:
+    tok = CharTokenizer()
+    task = make_task(TaskConfig(name="arithmetic"))
+
+    class Old:
+        async def run(self, generate: Any, sample: Sample) -> Trajectory:
+            gen = await generate(tok.encode("1+1="), 5, [EOS])
+            return Trajectory([], list(gen.output_ids), [0.0] * 2, [0] * 2, reward=1.0)
+
+    with pytest.warns(
+        DeprecationWarning,
+        match=r"Old.run\(generate, sample\) is deprecated.*"
+        r"define async arun_episode\(self, engine, row\)",
+    ):
+        workflow = as_workflow(Old())
+    model = ScriptedModel(tok, ["2"])
+    traj = asyncio.run(
+        workflow.arun_episode(EpisodeEngine(model, tok, task), Sample("0", "1+1", "2"))
+    )
+    assert traj is not None and traj.output_ids == [*tok.encode("2", add_special_tokens=False), EOS]
+    assert model.calls == [tok.encode("1+1=")] and model.limits == [5]
+
+
+def test_a_workflow_generates_from_chat_messages_or_token_ids() -> None:
+    from stalebound.engines.models import build_bpe_tokenizer
+
+    tok = build_bpe_tokenizer("qwen2")
+    task = make_task(TaskConfig(name="arithmetic"))
+    model = ScriptedModel(tok, ["a", "b"], eos=tok.eos_token_id)
+    engine = EpisodeEngine(model, tok, task)
+    chat = asyncio.run(engine.agenerate([{"role": "user", "content": "2+3="}]))
+    assert tok.decode(chat.input_ids) == "<|im_start|>user\n2+3=<|im_end|>\n<|im_start|>assistant\n"
+    ids = asyncio.run(engine.agenerate([5, 6], max_new_tokens=3))
+    assert ids.input_ids == (5, 6) and model.calls == [list(chat.input_ids), [5, 6]]
+    plain = EpisodeEngine(ScriptedModel(CharTokenizer(), []), CharTokenizer(), task)
+    with pytest.raises(
+        ConfigError,
+        match=r"messages with roles \['system', 'user'\]: the "
+        "tokenizer has no chat template",
+    ):
+        plain.encode([{"role": "system", "content": "x"}, {"role": "user", "content": "y"}])
+
+
 def test_calculator_runs_out_of_turns() -> None:
     tok = CharTokenizer()
     cfg = TaskConfig(name="calculator")
     cfg.calculator.max_turns = 2
     cfg.calculator.latency.distribution = "none"
     traj = asyncio.run(
-        make_task(cfg)
-        .workflow(tok)
-        .run(ScriptedModel(tok, ["[1+1]", "[2+2]"]), Sample("0", "2*3+4", "10"))
+        episode(
+            make_task(cfg), tok, ScriptedModel(tok, ["[1+1]", "[2+2]"]), Sample("0", "2*3+4", "10")
+        )
     )
     assert traj.truncated and traj.reward == 0.0 and traj.metrics["tool_calls"] == 2.0
 
@@ -327,7 +429,7 @@ def test_tool_calls_really_wait() -> None:
     cfg.calculator.latency = LatencyConfig(distribution="constant", median_s=0.05)
     model = ScriptedModel(tok, ["[2*3]", "10"])
     t0 = time.perf_counter()
-    traj = asyncio.run(make_task(cfg).workflow(tok).run(model, Sample("0", "2*3+4", "10")))
+    traj = asyncio.run(episode(make_task(cfg), tok, model, Sample("0", "2*3+4", "10")))
     assert time.perf_counter() - t0 >= 0.05
     assert traj.metrics["tool_wait_s"] == pytest.approx(0.05)
 
@@ -339,12 +441,12 @@ def test_a_calculator_episode_cut_during_its_tool_call_ends_truncated_at_once() 
     model = ScriptedModel(tok, ["[2*3]", "10"], version=0)
     signal = CutSignal()
 
-    async def episode() -> Trajectory:
+    async def cut_episode() -> Trajectory:
         signal.enter()  # what the executor does in each member's task
-        return await make_task(cfg).workflow(tok).run(model, Sample("0", "2*3+4", "10"))
+        return await episode(make_task(cfg), tok, model, Sample("0", "2*3+4", "10"))
 
     async def main() -> Trajectory:
-        task = asyncio.ensure_future(episode())
+        task = asyncio.ensure_future(cut_episode())
         while not model.calls:  # the first turn is generated, then the tool call starts
             await asyncio.sleep(0)
         await asyncio.sleep(0)
@@ -383,7 +485,7 @@ def test_reward_latency_is_off_by_default_and_adds_no_metric() -> None:
     tok = CharTokenizer()
     task = make_task(TaskConfig(name="arithmetic"))
     assert task.config.reward_latency.distribution == "none"
-    traj = asyncio.run(task.workflow(tok).run(ScriptedModel(tok, ["5"]), Sample("0", "2+3", "5")))
+    traj = asyncio.run(episode(task, tok, ScriptedModel(tok, ["5"]), Sample("0", "2+3", "5")))
     assert traj.reward == 1.0 and "reward_wait_s" not in traj.metrics
 
 
@@ -403,7 +505,7 @@ def test_rewards_really_wait_for_the_verifier(
     task = make_task(cfg)
     t0 = time.perf_counter()
     traj = asyncio.run(
-        task.workflow(tok).run(ScriptedModel(tok, script), Sample("0", question, answer))
+        episode(task, tok, ScriptedModel(tok, script), Sample("0", question, answer))
     )
     assert time.perf_counter() - t0 >= 0.05
     assert traj.reward == 1.0 and traj.metrics["reward_wait_s"] == pytest.approx(0.05)

@@ -352,12 +352,12 @@ def test_the_episode_trace_waits_for_the_runs_clock_and_writes_what_ended_before
     from stalebound.train.episode import EngineEpisode
 
     class OneTurn:
-        async def run(self, generate: Any, sample: Any) -> str:
-            await generate((1,), 2, ())
+        async def arun_episode(self, engine: Any, row: Any) -> str:
+            await engine.agenerate((1,), max_new_tokens=2, stop_token_ids=())
             return "done"
 
     class Task:
-        def workflow(self, tokenizer: Any) -> OneTurn:
+        def episode_workflow(self, tokenizer: Any) -> OneTurn:
             return OneTurn()
 
     class Engine:

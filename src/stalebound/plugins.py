@@ -11,16 +11,18 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import re
 import sys
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from stalebound.core.errors import ConfigError
 
-__all__ = ["load_object"]
+__all__ = ["load_object", "load_workflow"]
 
 
 def _split(spec: str, setting: str) -> tuple[str, str]:
@@ -90,4 +92,47 @@ def load_object(spec: str, setting: str) -> Any:
         raise ConfigError(
             f"{setting}={spec!r}: {module_name!r} has no {name!r} (it defines {public}); name "
             "one of them"
+        ) from None
+
+
+def load_workflow(spec: str, args: Mapping[str, Any], setting: str = "rollout.workflow") -> Any:
+    """An instance of the workflow class ``spec`` names, constructed with the keyword arguments
+    ``args`` (``rollout.workflow_args``). The class must define ``async arun_episode(self, engine,
+    row)``; anything else is one ConfigError naming ``setting`` and the fix."""
+    cls = load_object(spec, setting)
+    fix = "name a class that defines async arun_episode(self, engine, row)"
+    if not inspect.isclass(cls):
+        raise ConfigError(f"{setting}={spec!r}: a {type(cls).__name__}, not a class; {fix}")
+    method = getattr(cls, "arun_episode", None)
+    if method is None:
+        earlier = " (run(generate, sample) is the earlier interface)" if hasattr(cls, "run") else ""
+        raise ConfigError(
+            f"{setting}={spec!r}: {cls.__qualname__} has no arun_episode{earlier}; {fix}"
+        )
+    if not inspect.iscoroutinefunction(method):
+        raise ConfigError(
+            f"{setting}={spec!r}: {cls.__qualname__}.arun_episode is not async; define it with "
+            "async def arun_episode(self, engine, row)"
+        )
+    try:
+        inspect.signature(method).bind(None, None, None)  # (self, engine, row)
+    except TypeError:
+        raise ConfigError(
+            f"{setting}={spec!r}: {cls.__qualname__}.arun_episode"
+            f"{inspect.signature(method)} cannot be called as arun_episode(self, engine, row); "
+            "give it exactly those parameters"
+        ) from None
+    try:
+        inspect.signature(cls).bind(**args)
+    except TypeError as e:
+        raise ConfigError(
+            f"{setting}_args={dict(args)!r}: {cls.__qualname__}{inspect.signature(cls)} cannot "
+            f"be constructed with them ({e}); give the keyword arguments its __init__ takes"
+        ) from None
+    try:
+        return cls(**args)
+    except Exception as e:
+        raise ConfigError(
+            f"{setting}={spec!r}: constructing {cls.__qualname__} failed ({_last_line(e)}); fix "
+            f"the class or {setting}_args"
         ) from None

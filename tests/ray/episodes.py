@@ -7,13 +7,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from stalebound.engines import GenerateRequest, SamplingParams
+from stalebound.tasks.workflow import EpisodeEngine
 
 
 class TaskEpisodes:
     """``arun_episode(engine, sample)`` runs ``task``'s workflow on ``engine``."""
 
     def __init__(self, task: Any, tokenizer: Any, *, temperature: float = 1.0) -> None:
-        self.workflow = task.workflow(tokenizer)
+        self.task = task
+        self.tokenizer = tokenizer
+        self.workflow = task.episode_workflow(tokenizer)
         self.temperature = temperature
         self.ids = itertools.count()
 
@@ -28,4 +31,5 @@ class TaskEpisodes:
             )
             return await engine.agenerate(GenerateRequest(rid, tuple(ids), sampling))
 
-        return await self.workflow.run(generate, sample)
+        episode = EpisodeEngine(generate, self.tokenizer, self.task, engine.get_version)
+        return await self.workflow.arun_episode(episode, sample)

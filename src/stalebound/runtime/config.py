@@ -181,6 +181,13 @@ class RolloutConfig:
     """The executor stops with an error after this many groups fail in a row."""
     reject_stale_results: bool = False
     """``capacity`` policy only: drop results staler than η when they complete (counted as wasted)."""
+    workflow: str | None = None
+    """The episode workflow, a class named ``package.module:Class`` or ``path/to/file.py:Class``
+    with ``async arun_episode(self, engine, row)`` (docs/data.md, "Workflows"); ``None`` runs the
+    task's own (one model turn, or the calculator's tool calls)."""
+    workflow_args: dict[str, Any] = field(default_factory=dict)
+    """The keyword arguments ``rollout.workflow``'s class is constructed with: a mapping in YAML,
+    ``'rollout.workflow_args={max_turns: 3}'`` on the command line."""
     proactive_filter: ProactiveFilterConfig = field(default_factory=ProactiveFilterConfig)
     group_post_process: GroupPostProcessConfig = field(default_factory=GroupPostProcessConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)

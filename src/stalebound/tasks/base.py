@@ -28,7 +28,7 @@ from stalebound.tasks.charset import check_text
 from stalebound.tasks.config import TaskConfig
 from stalebound.tasks.episode import Sample, TokenizerLike, Trajectory, Turn, Workflow
 from stalebound.tasks.latency import latency_problems, sample_latency
-from stalebound.tasks.workflow import SingleTurnWorkflow, encode_prompt
+from stalebound.tasks.workflow import SingleTurnWorkflow, as_workflow, await_reward, encode_prompt
 from stalebound.userfiles import json_line, label, read_lines
 
 __all__ = [
@@ -87,6 +87,15 @@ class Task(abc.ABC):
         acc = 1.0 if response == sample.answer else 0.0
         return {"score": score, "acc": acc, "seq_reward": score, "seq_final_reward": score}
 
+    async def score(
+        self, sample: Sample, response: str, *, truncated: bool = False
+    ) -> dict[str, float]:
+        """:meth:`metrics` of the final answer ``response``, after the reward's latency
+        (``config.reward_latency``; a real sleep, recorded as ``reward_wait_s``)."""
+        metrics = self.metrics(sample, response, truncated=truncated)
+        await await_reward(self, sample, metrics)
+        return metrics
+
     def reward_delay(self, sample: Sample) -> float:
         """Seconds the reward of one answer to ``sample`` takes to arrive
         (``config.reward_latency``; 0.0 when it is off). Each call draws anew, so the members of a
@@ -107,6 +116,17 @@ class Task(abc.ABC):
     def workflow(self, tokenizer: TokenizerLike) -> Workflow:
         """The episode runner for this task: one model turn by default."""
         return SingleTurnWorkflow(self, tokenizer)
+
+    user_workflow: Workflow | None = None
+    """The workflow the run names (``rollout.workflow``), used in place of :meth:`workflow`."""
+
+    def episode_workflow(self, tokenizer: TokenizerLike) -> Workflow:
+        """The workflow episodes of this task run: :attr:`user_workflow` if set, else
+        :meth:`workflow` (one written for the earlier ``run(generate, sample)`` interface is
+        adapted, with a DeprecationWarning)."""
+        if self.user_workflow is not None:
+            return self.user_workflow
+        return as_workflow(self.workflow(tokenizer))
 
     def samples(self) -> list[Sample]:
         """The task's samples as ``config`` says: from ``data_path``, the shipped file

@@ -10,7 +10,9 @@ An episode (each model turn ends with the end-of-sequence token)::
     model    903              no brackets: the final answer
 
 The tool evaluates ``int op int`` with ``op`` in ``+ - *`` and answers ``=err;`` to anything else.
-Tool turns are inserted into the trajectory with ``loss_mask`` 0. The reward is the arithmetic
+Tool turns are inserted into the trajectory with ``loss_mask`` 0: with a tokenizer that has a chat
+template, as ``tool`` messages rendered by the template (which also opens the next assistant
+turn); with the built-in character tokenizer, as the plain text above. The reward is the arithmetic
 task's: exact match of the final answer (partial credit by digits when enabled); an episode that
 runs out of turns or tokens is truncated and scores 0, and so is one cut during a tool call (the
 tool waits through :func:`~stalebound.runtime.interruptible`, so a truncation at a deadline ends it
@@ -28,16 +30,13 @@ from stalebound.runtime.cut import EpisodeTruncated, interruptible
 from stalebound.tasks.arithmetic import digit_credit
 from stalebound.tasks.base import Sample, Task, Trajectory, Turn, register_task
 from stalebound.tasks.config import TaskConfig
+from stalebound.tasks.episode import WorkflowEngine
 from stalebound.tasks.latency import latency_problems, sample_latency
 from stalebound.tasks.workflow import (
-    GenerateFn,
     TokenizerLike,
     Workflow,
-    await_reward,
     decode_text,
-    encode_prompt,
-    encode_text,
-    stop_ids,
+    encode_tool_reply,
 )
 
 __all__ = ["CalculatorTask", "CalculatorWorkflow", "calculate", "parse_tool_call"]
@@ -113,16 +112,17 @@ class CalculatorTask(Task):
 
 
 class CalculatorWorkflow:
-    """Runs a calculator episode (see the module docstring) over any ``generate`` function."""
+    """Runs a calculator episode (see the module docstring) on any engine."""
 
     def __init__(self, task: CalculatorTask, tokenizer: TokenizerLike) -> None:
         self.task = task
         self.tokenizer = tokenizer
-        self.stops = stop_ids(tokenizer)
 
-    async def run(self, generate: GenerateFn, sample: Sample) -> Trajectory:
+    async def arun_episode(self, engine: WorkflowEngine, row: Sample) -> Trajectory:
+        sample = row
         cfg = self.task.config
-        prompt_ids = encode_prompt(self.tokenizer, self.task.prompt(sample))
+        prompt_ids = self.task.encode(self.tokenizer, sample)
+        messages = [{"role": "user", "content": self.task.prompt(sample)}]
         out: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -132,7 +132,7 @@ class CalculatorWorkflow:
         calls = 0
         waited = 0.0
         for _ in range(cfg.calculator.max_turns):
-            gen = await generate(prompt_ids + out, cfg.max_new_tokens, self.stops)
+            gen = await engine.agenerate(prompt_ids + out)
             out += list(gen.output_ids)
             logprobs += [float(x) for x in gen.output_logprobs]
             versions += [int(v) for v in gen.output_versions]
@@ -151,16 +151,18 @@ class CalculatorWorkflow:
             except EpisodeTruncated:  # cut at a deadline during the tool call: as it stands
                 break
             waited += delay
-            reply = encode_text(self.tokenizer, calculate(expr))
+            messages.append({"role": "assistant", "content": text})
+            result = calculate(expr)
+            reply = encode_tool_reply(self.tokenizer, messages, result)
+            messages.append({"role": "tool", "content": result})
             last_version = versions[-1] if versions else 0
             out += reply
             logprobs += [0.0] * len(reply)
             versions += [last_version] * len(reply)
             mask += [0] * len(reply)
-        metrics = self.task.metrics(sample, answer, truncated=truncated)
+        metrics = await self.task.score(sample, answer, truncated=truncated)
         metrics["tool_calls"] = float(calls)
         metrics["tool_wait_s"] = waited
-        await await_reward(self.task, sample, metrics)
         return Trajectory(
             prompt_ids=prompt_ids,
             output_ids=out,

@@ -16,11 +16,12 @@ from typing import Any
 
 from stalebound.core.errors import ConfigError
 from stalebound.data import DataConfig, DataPosition, Message, Row, RowStream
+from stalebound.plugins import load_workflow
 from stalebound.rewards import RewardFunction
 from stalebound.tasks.base import Task, make_task
 from stalebound.tasks.config import TaskConfig
-from stalebound.tasks.episode import GenerateFn, Sample, TokenizerLike, Trajectory, Turn
-from stalebound.tasks.workflow import decode_text, encode_prompt, encode_text, stop_ids
+from stalebound.tasks.episode import Sample, TokenizerLike, Turn
+from stalebound.tasks.workflow import SingleTurnWorkflow, encode_chat, encode_prompt
 
 __all__ = ["DataTask", "DataWorkflow", "EpisodeFailed", "build_task", "encode_messages"]
 
@@ -33,27 +34,18 @@ class EpisodeFailed(Exception):
         self.cause = cause
 
 
-def encode_messages(
-    tokenizer: TokenizerLike, messages: Sequence[Message], *, plain: str | None = None
-) -> list[int]:
-    """A conversation's token ids, rendered by the tokenizer's chat template with the generation
-    prompt appended. ``plain`` is the text to use when the tokenizer has no template (a single
-    user turn with no system prompt); a conversation needs a template."""
-    if getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-            [{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        return encode_text(tokenizer, str(rendered))
-    if plain is None:
+def encode_messages(tokenizer: TokenizerLike, messages: Sequence[Message]) -> list[int]:
+    """A row's conversation as token ids, rendered by the tokenizer's chat template with the
+    generation prompt appended; a tokenizer without a template is a ConfigError naming the data
+    settings."""
+    if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(
             "data.messages_key / data.system_prompt: the tokenizer has no chat template to "
             "render a conversation with; use a checkpoint whose tokenizer has one "
             "(tokenizer_config.json's chat_template), or plain text prompts without a system "
             "prompt"
         )
-    return encode_prompt(tokenizer, plain)
+    return encode_chat(tokenizer, [{"role": m.role, "content": m.content} for m in messages])
 
 
 def _sample(row: Row) -> Sample:
@@ -139,7 +131,26 @@ class DataTask(Task):
         return (Turn(sample.answer),)
 
     def reward(self, sample: Sample, response: str) -> float:
-        raise NotImplementedError("a dataset's reward is awaited: DataWorkflow calls it")
+        raise NotImplementedError("a dataset's reward is awaited: see DataTask.score")
+
+    async def score(
+        self, sample: Sample, response: str, *, truncated: bool = False
+    ) -> dict[str, float]:
+        """The user's reward of ``response`` (0 when ``truncated``), with its extra metrics as
+        ``reward/<name>``; a reward that fails raises :class:`EpisodeFailed` (``reward:<why>``)."""
+        outcome = await self.reward_fn.score(
+            sample.data["prompt"], response, sample.data["columns"]
+        )
+        if outcome.reward is None:
+            raise EpisodeFailed(f"reward:{outcome.failure}", outcome.detail)
+        reward = 0.0 if truncated else outcome.reward
+        return {
+            "score": reward,
+            "acc": 1.0 if reward >= 1.0 else 0.0,
+            "seq_reward": reward,
+            "seq_final_reward": reward,
+            **{f"reward/{k}": v for k, v in outcome.metrics.items()},
+        }
 
     def workflow(self, tokenizer: TokenizerLike) -> DataWorkflow:
         return DataWorkflow(self, tokenizer)
@@ -175,48 +186,30 @@ class _Epochs:
         return f"data.path={self.data.path!r}"
 
 
-class DataWorkflow:
-    """Prompt → one model turn → the user's reward (awaited)."""
+class DataWorkflow(SingleTurnWorkflow):
+    """Prompt (the chat template when the row needs it) → one model turn → the user's reward
+    (awaited)."""
 
-    def __init__(self, task: DataTask, tokenizer: TokenizerLike) -> None:
-        self.task = task
-        self.tokenizer = tokenizer
-        self.stops = stop_ids(tokenizer)
-
-    async def run(self, generate: GenerateFn, sample: Sample) -> Trajectory:
-        prompt_ids = self.task.encode(self.tokenizer, sample)
-        gen = await generate(prompt_ids, self.task.config.max_new_tokens, self.stops)
-        truncated = gen.finish_reason != "stop"
-        response = decode_text(self.tokenizer, gen.output_ids)
-        outcome = await self.task.reward_fn.score(
-            sample.data["prompt"], response, sample.data["columns"]
-        )
-        if outcome.reward is None:
-            raise EpisodeFailed(f"reward:{outcome.failure}", outcome.detail)
-        reward = 0.0 if truncated else outcome.reward
-        metrics = {
-            "score": reward,
-            "acc": 1.0 if reward >= 1.0 else 0.0,
-            "seq_reward": reward,
-            "seq_final_reward": reward,
-            **{f"reward/{k}": v for k, v in outcome.metrics.items()},
-        }
-        return Trajectory(
-            prompt_ids=prompt_ids,
-            output_ids=list(gen.output_ids),
-            behaviour_logprobs=[float(x) for x in gen.output_logprobs],
-            versions=[int(v) for v in gen.output_versions],
-            reward=reward,
-            truncated=truncated,
-            sample_id=sample.id,
-            response=response,
-            metrics=metrics,
-        )
+    def _encode_prompt(self, sample: Sample) -> list[int]:
+        return self.task.encode(self.tokenizer, sample)
 
 
 def build_task(cfg: Any) -> Task:
     """The run's task: a :class:`DataTask` over ``cfg.data`` when ``data.path`` is set, else the
-    registered task ``cfg.task.name``. (``cfg`` is a :class:`~stalebound.config.StaleboundConfig`.)"""
-    if cfg.data.path is not None:
-        return DataTask(cfg.task, cfg.data, seed=cfg.seed)
-    return make_task(cfg.task)
+    registered task ``cfg.task.name``; its episodes run the workflow ``rollout.workflow`` names
+    when set (loaded, checked and constructed here, before the run writes anything).
+    (``cfg`` is a :class:`~stalebound.config.StaleboundConfig`.)"""
+    task = (
+        DataTask(cfg.task, cfg.data, seed=cfg.seed)
+        if cfg.data.path is not None
+        else make_task(cfg.task)
+    )
+    if cfg.rollout.workflow is not None:
+        task.user_workflow = load_workflow(cfg.rollout.workflow, cfg.rollout.workflow_args)
+    elif cfg.rollout.workflow_args:
+        raise ConfigError(
+            f"rollout.workflow_args={cfg.rollout.workflow_args!r}: arguments for a workflow "
+            "class, and rollout.workflow names none; name the class (rollout.workflow=module:Class) "
+            "or drop the arguments"
+        )
+    return task

@@ -1,5 +1,6 @@
 """What a task and its workflows share: samples, turns, trajectories, and the interfaces an
-episode runs against (the tokenizer, ``generate``, the workflow, the task as a workflow sees it).
+episode runs against (the tokenizer, the engine a workflow generates with, the workflow, the task
+as a workflow sees it).
 
 Kept apart from :mod:`stalebound.tasks.base` (the task interface and registry) and
 :mod:`stalebound.tasks.workflow` (the episode runners) so that those two import this module and
@@ -21,11 +22,15 @@ __all__ = [
     "EpisodeTask",
     "GenerateFn",
     "Generation",
+    "LegacyWorkflow",
+    "Prompt",
+    "PromptedGeneration",
     "Sample",
     "TokenizerLike",
     "Trajectory",
     "Turn",
     "Workflow",
+    "WorkflowEngine",
 ]
 
 
@@ -116,7 +121,8 @@ class Generation(Protocol):
 
 
 class GenerateFn(Protocol):
-    """``await generate(input_ids, max_new_tokens, stop_token_ids)`` → :class:`Generation`."""
+    """``await generate(input_ids, max_new_tokens, stop_token_ids)`` → :class:`Generation`: one
+    model turn on an engine (what :class:`WorkflowEngine` is built over)."""
 
     async def __call__(
         self, input_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int]
@@ -134,8 +140,63 @@ class TokenizerLike(Protocol):
     def decode(self, token_ids: Any, skip_special_tokens: bool = ...) -> Any: ...
 
 
+Prompt = Sequence[int] | Sequence[Mapping[str, str]]
+"""What a workflow generates from: token ids, or chat messages (``{"role", "content"}`` mappings)
+that the tokenizer's chat template renders with the generation prompt appended."""
+
+
+class WorkflowEngine(Protocol):
+    """The engine as a workflow's ``arun_episode`` sees it (one object per episode).
+
+    ``agenerate`` runs one model turn: ``prompt`` is token ids or chat messages;
+    ``max_new_tokens`` defaults to ``task.config.max_new_tokens`` and ``stop_token_ids`` to
+    :attr:`stop_token_ids`. The answer carries ``input_ids`` (the prompt as the model saw it),
+    ``output_ids``, ``output_logprobs``, ``output_versions`` (the policy version of each token) and
+    ``finish_reason`` (``stop`` | ``length`` | ``abort``); the stop token is part of
+    ``output_ids``. ``encode_row(row)`` is the row's prompt as token ids, rendered as the task
+    renders it; ``get_version()`` the policy version the engine generates with now. ``score`` is
+    the run's reward of a final answer: a mapping with ``score`` (the reward) and other metrics;
+    a user's reward that fails raises :class:`~stalebound.tasks.EpisodeFailed`, which ends the
+    episode as failed with its cause.
+    """
+
+    @property
+    def tokenizer(self) -> TokenizerLike: ...
+    @property
+    def task(self) -> EpisodeTask: ...
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]: ...
+    def get_version(self) -> int: ...
+    def encode_row(self, row: Sample) -> list[int]: ...
+    async def agenerate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> PromptedGeneration: ...
+    async def score(
+        self, row: Sample, completion: str, *, truncated: bool = False
+    ) -> dict[str, float]: ...
+
+
+class PromptedGeneration(Generation, Protocol):
+    """One model turn with the prompt it continued (``input_ids``)."""
+
+    @property
+    def input_ids(self) -> Sequence[int]: ...
+
+
 class Workflow(Protocol):
-    """Runs one episode of a task."""
+    """Runs one episode: ``await workflow.arun_episode(engine, row)`` → :class:`Trajectory`
+    (``None`` rejects the episode). ``row`` is the :class:`Sample` the episode is on."""
+
+    async def arun_episode(self, engine: WorkflowEngine, row: Sample) -> Trajectory | None: ...
+
+
+class LegacyWorkflow(Protocol):
+    """The interface before :class:`Workflow` (``run(generate, sample)``); still run, through
+    :func:`stalebound.tasks.workflow.as_workflow`, with a DeprecationWarning."""
 
     async def run(self, generate: GenerateFn, sample: Sample) -> Trajectory: ...
 
@@ -151,3 +212,6 @@ class EpisodeTask(Protocol):
         self, sample: Sample, response: str, *, truncated: bool = False
     ) -> dict[str, float]: ...
     def reward_delay(self, sample: Sample) -> float: ...
+    async def score(
+        self, sample: Sample, response: str, *, truncated: bool = False
+    ) -> dict[str, float]: ...

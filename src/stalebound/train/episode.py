@@ -12,6 +12,7 @@ from typing import Any
 
 from stalebound.engines.protocol import GenerateRequest, GenerateResponse, SamplingParams
 from stalebound.obs.trace import TrajectoryRecord
+from stalebound.tasks.workflow import EpisodeEngine
 
 __all__ = ["BusyMeter", "EngineEpisode"]
 
@@ -19,14 +20,17 @@ __all__ = ["BusyMeter", "EngineEpisode"]
 class EngineEpisode:
     """The executor's workflow: one episode of a task over an engine (``arun_episode``).
 
-    Each model turn is one engine request, ids ``ep<N>/<turn>``, prioritised by the engine
+    Runs the task's workflow (``rollout.workflow`` when the run names one) with an
+    :class:`~stalebound.tasks.workflow.EpisodeEngine` over the engine. Each model turn is one engine request, ids ``ep<N>/<turn>``, prioritised by the engine
     version at the start of the episode (older trajectories are served first by the router).
     """
 
     def __init__(
         self, task: Any, tokenizer: Any, sampling: SamplingParams, recorder: Any = None
     ) -> None:
-        self._workflow = task.workflow(tokenizer)
+        self._task = task
+        self._tokenizer = tokenizer
+        self._workflow = task.episode_workflow(tokenizer)
         self._sampling = sampling
         self._ids = itertools.count()
         self._recorder = recorder
@@ -93,7 +97,8 @@ class EngineEpisode:
             returned[:] = [time.monotonic()]
             return response
 
-        trajectory = await self._workflow.run(generate, sample)
+        episode_engine = EpisodeEngine(generate, self._tokenizer, self._task, engine.get_version)
+        trajectory = await self._workflow.arun_episode(episode_engine, sample)
         if self._recorder is not None:  # what `stalebound simulate --replay` re-times
             ended = time.monotonic()
             record = TrajectoryRecord(

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from stalebound.tasks.base import Sample, Task, Trajectory
-from stalebound.tasks.dataset import EpisodeFailed
 from stalebound.tasks.workflow import (
+    EpisodeEngine,
     SingleTurnWorkflow,
     TokenizerLike,
     decode_text,
@@ -132,19 +132,22 @@ def rollout_groups(
 ) -> list[list[Trajectory]]:
     """``group_size`` sampled trajectories per sample, as groups (what a synchronous RL step
     trains on). Single-turn tasks are sampled in one batch; others run their workflow. With
-    ``failed``, an episode that fails on its own (:class:`~stalebound.tasks.EpisodeFailed`) is
-    left out of its group and its cause appended there."""
-    workflow = task.workflow(tokenizer)
-    if not isinstance(workflow, SingleTurnWorkflow):
+    ``failed``, an episode that fails on its own (raises; the cause of an
+    :class:`~stalebound.tasks.EpisodeFailed`, else ``error:<Type>``) is left out of its group and
+    its cause appended there."""
+    workflow = task.episode_workflow(tokenizer)
+    if type(workflow) is not SingleTurnWorkflow:
         gen = LocalGenerateFn(model, temperature=temperature, version=version)
+        engine = EpisodeEngine(gen, tokenizer, task, lambda: version)
 
         async def one(s: Sample) -> Trajectory | None:
             try:
-                return await workflow.run(gen, s)
-            except EpisodeFailed as e:  # a user's reward failed: counted, not fatal
+                return await workflow.arun_episode(engine, s)
+            except Exception as e:  # a user's reward or workflow failed: counted, not fatal
                 if failed is None:
                     raise
-                failed.append(e.cause)
+                cause = getattr(e, "cause", None)
+                failed.append(cause if isinstance(cause, str) else f"error:{type(e).__name__}")
                 return None
 
         async def run_all() -> list[list[Trajectory]]:
@@ -206,10 +209,10 @@ def evaluate(
         model, tokenizer, task, samples, 1, temperature=temperature, failed=failed
     )
     trajs = [t for g in groups for t in g]
-    n = len(trajs) + len(failed)
+    n = max(len(trajs) + len(failed), 1)
     return {
-        "score": sum(t.metrics["score"] for t in trajs) / n,
-        "acc": sum(t.metrics["acc"] for t in trajs) / n,
+        "score": sum(t.metrics.get("score", t.reward) for t in trajs) / n,
+        "acc": sum(t.metrics.get("acc", float(t.reward >= 1.0)) for t in trajs) / n,
         "response_length": sum(len(t.output_ids) for t in trajs) / max(len(trajs), 1),
         "failed": float(len(failed)),
     }
