@@ -15,14 +15,14 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from scripted import Call, Generate, ScriptedEngine, armed_timers, quiesce
 from stalebound.config import RolloutConfig
-from stalebound.core import BufferPolicy, ConfigError, ProtocolError
+from stalebound.core import BufferPolicy, ConfigError, DataExhausted, ProtocolError
 from stalebound.core import settings as settings_module
 from stalebound.runtime import (
     RolloutError,
@@ -588,6 +588,36 @@ def test_prepare_batch_keeps_generating_from_the_loader() -> None:
         assert max(counts.values()) - min(counts.values()) <= 2
     with make(engine) as ex, pytest.raises(ConfigError, match="yielded no items"):
         ex.prepare_batch([], Generate())
+
+
+class OnePass:
+    """A loader that gives its items once, then says it is used up (as ``data.epochs`` does)."""
+
+    def __init__(self, items: list[str]) -> None:
+        self.items, self.passes = items, 0
+
+    def __iter__(self) -> Iterator[str]:
+        if self.passes:
+            raise DataExhausted("the one pass is over")
+        self.passes += 1
+        return iter(self.items)
+
+
+def test_a_used_up_loader_trains_what_was_drawn_then_says_so() -> None:
+    # five items, batches of two: two batches, then the fifth item's group cannot complete a batch
+    engine = ScriptedEngine(auto=True)
+    loader = OnePass(["a", "b", "c", "d", "e"])
+    with make(engine, consumer_batch_size=2, max_head_offpolicyness=4) as ex:
+        seen = []
+        for _ in range(2):
+            seen += [t.data["data"] for t in ex.prepare_batch(loader, Generate())]
+            ex.set_version(ex.version + 1)
+        with pytest.raises(DataExhausted, match="the one pass is over"):
+            ex.prepare_batch(loader, Generate())
+        with pytest.raises(DataExhausted):  # and again on every later call
+            ex.prepare_batch(loader, Generate())
+        assert len(seen) == 4 and len(set(seen)) == 4 and set(seen) < set("abcde")
+        assert ex.statistics().completed_groups == 5
 
 
 # ---------------------------------------------------------------------------- the seed's examples

@@ -20,7 +20,13 @@ from stalebound.core.coordinator import (
     CoordinatorCounts,
     DeadlinePolicy,
 )
-from stalebound.core.errors import ConfigError, InvariantError, ProtocolError, StaleboundError
+from stalebound.core.errors import (
+    ConfigError,
+    DataExhausted,
+    InvariantError,
+    ProtocolError,
+    StaleboundError,
+)
 from stalebound.core.groups import (
     GroupComplete,
     GroupFailed,
@@ -76,6 +82,7 @@ __all__ = [
     "Coordinator",
     "CoordinatorCounts",
     "CoordinatorSettings",
+    "DataExhausted",
     "DeadlinePolicy",
     "EntryOp",
     "EntryState",

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 __all__ = [
     "MAX_LISTED_PROBLEMS",
     "ConfigError",
+    "DataExhausted",
     "InvariantError",
     "ProtocolError",
     "StaleboundError",
@@ -50,6 +51,12 @@ class ConfigError(StaleboundError, ValueError):
             if total > len(listed):
                 message += f"\n  ... and {total - len(listed)} more (fix these first)"
         super().__init__(message)
+
+
+class DataExhausted(StaleboundError):
+    """A finite data loader has given every item it holds (``data.epochs`` passes): the run
+    trains what is still under way and ends. Raised by such a loader when it is asked for more,
+    and by ``prepare_batch`` once no batch can be completed from what was drawn."""
 
 
 class ProtocolError(StaleboundError, RuntimeError):

@@ -52,7 +52,8 @@ class DataConfig:
     )
     """Rows held in memory to shuffle a stream (a file smaller than this is shuffled whole)."""
     epochs: int | None = field(default=None, metadata=bounds(ge=1, fix="at least one epoch"))
-    """Passes over the data; ``None``: as many as the run's steps take."""
+    """Passes over the data; ``None``: as many as the run's steps take. The run ends when the last
+    pass is used up, also before ``run.steps``."""
     check_rows: int = field(
         default=10_000, metadata=bounds(ge=1, fix="e.g. 10000 rows checked before training")
     )

@@ -106,6 +106,9 @@ def _open(files: DataFiles) -> Any:
 
     datasets.disable_progress_bars()
     datasets.utils.logging.set_verbosity_error()
+    # a file its reader refuses is logged there as well as raised: the ConfigError says it once
+    for reader in ("parquet", "json", "csv"):
+        logging.getLogger(f"datasets.packaged_modules.{reader}.{reader}").setLevel(logging.CRITICAL)
     if files.reader == "saved":
         ds = datasets.load_from_disk(files.paths[0])
         if isinstance(ds, datasets.DatasetDict):

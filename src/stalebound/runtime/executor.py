@@ -34,6 +34,7 @@ from stalebound.core import (
     ConfigError,
     Coordinator,
     CoordinatorSettings,
+    DataExhausted,
     MemberId,
     ProtocolError,
     StalenessPolicy,
@@ -121,6 +122,7 @@ class WorkflowExecutor(LoopThread):
         self._items: dict[int, tuple[Any, WorkflowProtocol]] = {}  # sample → (data, workflow)
         self._source: ItemSource | None = None
         self._source_error: Exception | None = None
+        self._exhausted: DataExhausted | None = None  # the loader is used up: end when drained
         self._resume_skip: int | None = None  # data-loader items to skip after load_state_dict
         self._output: deque[tuple[Trajectory, ...]] = deque()
         # Settled untrained, not yet drained: appended on the loop thread, drained from any.
@@ -420,6 +422,8 @@ class WorkflowExecutor(LoopThread):
             carry_out = self._carry_out
             for action in actions:
                 carry_out[type(action)](action)
+        if self._exhausted is not None:  # a waiting trainer checks whether anything is left
+            self._notify()
 
     def _locked(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         """``fn(*args, **kwargs)`` under the lock around the coordinator (a query of it)."""
@@ -470,9 +474,12 @@ class WorkflowExecutor(LoopThread):
                     with self._intake_lock:
                         item = source.next_item(self._next_sample)
                         self._next_sample += 1
-                except Exception as e:  # the data loader failed: the trainer hears of it
-                    self._source = None
-                    self._source_error = e
+                except Exception as e:  # the loader failed (the trainer hears of it) or is
+                    self._source = None  # used up (what was drawn is trained first)
+                    if isinstance(e, DataExhausted):
+                        self._exhausted = e
+                    else:
+                        self._source_error = e
                     self._notify()
                     break
                 self._queue(item)
@@ -587,6 +594,9 @@ class WorkflowExecutor(LoopThread):
                 raise self._stopped
             if self._closed:
                 raise ProtocolError("wait(): the executor was destroyed while waiting")
+            coord = self._require_coord()  # a used-up loader ends once nothing can complete
+            if self._exhausted and not (coord.queued or coord.running_groups or self._intake):
+                raise self._exhausted
             waiter = parked.pop() if parked else self._park()
             if deadline is None:
                 await waiter
@@ -618,9 +628,10 @@ class WorkflowExecutor(LoopThread):
     def _set_source(self, new: ItemSource) -> None:
         src = self._source
         if src is None or src.dataloader is not new.dataloader:
-            skip, self._resume_skip = self._resume_skip, None
-            if skip:
-                new.skip(skip)
+            self._exhausted = None
+            if self._resume_skip:  # kept until done: a used-up loader says so on every call
+                new.skip(self._resume_skip)
+            self._resume_skip = None
             self._source = new
         else:  # the same loader: continue where it is, with this call's workflow
             src.workflow, src.accept = new.workflow, new.accept

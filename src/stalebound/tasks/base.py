@@ -149,6 +149,10 @@ class Task(abc.ABC):
         rng.shuffle(order)
         return eval_set, order
 
+    def loader_metrics(self, order: Iterable[Sample]) -> dict[str, float]:
+        """Step metrics of the training loader :meth:`data_plan` returned (none here)."""
+        return {}
+
     def generate_samples(self, n: int, seed: int) -> list[Sample]:
         """``n`` samples drawn from ``random.Random(seed)``; the same seed gives the same list."""
         if n < 1:

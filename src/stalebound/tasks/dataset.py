@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from stalebound.core.errors import ConfigError
+from stalebound.core.errors import ConfigError, DataExhausted
 from stalebound.data import DataConfig, DataPosition, Message, Row, RowStream
 from stalebound.plugins import load_workflow
 from stalebound.rewards import RewardFunction
@@ -113,6 +113,9 @@ class DataTask(Task):
             eval_set = rng.sample(samples, min(eval_prompts, len(samples)))
         return eval_set, _Epochs(self.data, self.seed)
 
+    def loader_metrics(self, order: Iterable[Sample]) -> dict[str, float]:
+        return order.metrics() if isinstance(order, _Epochs) else {}
+
     def generate(self, rng: random.Random, index: int) -> Sample:
         raise ConfigError(
             "task.num_prompts: a dataset's task does not generate samples; its rows come from "
@@ -166,21 +169,36 @@ class DataTask(Task):
 class _Epochs:
     """The training rows as samples, one epoch per pass (each pass shuffled with the next
     epoch's seed), for the executor's loader: a resumed run draws again from the first pass and
-    skips what was drawn, which gives the same rows in the same order."""
+    skips what was drawn, which gives the same rows in the same order. After ``data.epochs``
+    passes it raises :class:`DataExhausted`, which ends the run once what was drawn is trained."""
 
     def __init__(self, data: DataConfig, seed: int) -> None:
         self.data = data
         self.seed = seed
         self.passes = 0
+        self.skipped = 0  # rows found bad after the check, in the passes so far
 
     def __iter__(self) -> Iterator[Sample]:
+        epochs = self.data.epochs
+        if epochs is not None and self.passes >= epochs:
+            raise DataExhausted(
+                f"data.epochs={epochs}: every row of {self.data.path!r} was drawn {epochs} "
+                f"time{'s' if epochs > 1 else ''}"
+            )
         stream = RowStream(self.data, seed=self.seed)
         stream.seek(DataPosition(self.passes, 0))
         self.passes += 1
+        before = self.skipped
         for row in stream:
             if stream.position.epoch != self.passes - 1:
                 return
+            self.skipped = before + stream.skipped
             yield _sample(row)
+        self.skipped = before + stream.skipped
+
+    def metrics(self) -> dict[str, float]:
+        """Step metrics of the data: the rows skipped so far."""
+        return {"data/skipped_rows": float(self.skipped)}
 
     def __repr__(self) -> str:
         return f"data.path={self.data.path!r}"

@@ -41,7 +41,7 @@ from typing import Any
 from rich.console import Console
 
 from stalebound.config import StaleboundConfig, dump_yaml
-from stalebound.core import ConfigError, StaleboundError, StalenessPolicy
+from stalebound.core import ConfigError, DataExhausted, StaleboundError, StalenessPolicy
 from stalebound.core.policy import BufferBacked
 from stalebound.engines.devices import resolve_device
 from stalebound.engines.models import load_model, load_tokenizer
@@ -143,6 +143,7 @@ class TrainRecipe:
         self._sampled: list[Any] = []
         self._stop_sampling = threading.Event()
         self._start = 0.0
+        self._saved_step = -1  # the step of the newest checkpoint this process wrote
 
     def run(self) -> TrainResult:
         """The whole job: :meth:`setup`, :meth:`load_checkpoint`, :meth:`train`, and
@@ -419,6 +420,7 @@ class TrainRecipe:
         )
         assert self.where is not None
         self.where.checkpoint = path
+        self._saved_step = step
         return path
 
     def _take_policy_counts(self) -> None:
@@ -481,7 +483,11 @@ class TrainRecipe:
             if stop.requested():  # it came before this step began
                 break
             t0 = time.monotonic()
-            batch = executor.prepare_batch(self.order, self.workflow)
+            try:
+                batch = executor.prepare_batch(self.order, self.workflow)
+            except DataExhausted as exc:
+                self._data_used_up(exc)
+                break
             progress.waited += time.monotonic() - t0
             groups: dict[int, list[Any]] = {}
             staleness: list[int] = []
@@ -515,6 +521,7 @@ class TrainRecipe:
                 engine_idle_fraction=engine.idle_fraction(),
                 **executor_metrics(es),
                 **reward_metrics(t.data for t in batch),
+                **self.task.loader_metrics(self.order),
             )
             logger.log_step(metrics, version=self.trainer.version, staleness=staleness)
             where.step = step
@@ -536,6 +543,14 @@ class TrainRecipe:
                 break
             _log.debug("step %d bookkeeping %.3fs", step, time.monotonic() - t2)
         self._take_policy_counts()
+
+    def _data_used_up(self, exc: DataExhausted) -> None:
+        """The loader's last item is trained: the run ends here, with a checkpoint of this step
+        (what was drawn but not trained stays pending in it) unless one was just written."""
+        step = self.progress.step
+        self.console.print(f"{exc}; the run ends at step {step} of run.steps={self.cfg.run.steps}")
+        if self.cfg.run.checkpoint and self._saved_step != step:
+            self.save_checkpoint(step)
 
     def _sample_buffers(self) -> None:
         executor, logger, view = self.executor, self.logger, self.view
