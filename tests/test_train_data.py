@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stalebound.cli import main
+from stalebound.obs.loggers import LOGGER_IDS_FILE
 
 pytestmark = pytest.mark.slow
 
@@ -134,6 +135,16 @@ def test_your_model_your_data_runs_as_the_readme_says(
     assert all(0.0 <= r["reward/stated_number"] <= 1.0 for r in records)
     # greedy accuracy on the problems, with the example's reward: the training took
     assert summary["eval_after"] > summary["eval_before"], summary
+    # wandb (offline files) and MLflow (a file store) hold the twelve steps in one run each
+    from test_obs_loggers import _mlflow
+
+    ids = json.loads((run / LOGGER_IDS_FILE).read_text())
+    assert {p.name.rsplit("-", 1)[-1] for p in (run / "wandb").glob("offline-run-*")} == {
+        ids["wandb"]
+    }
+    client = _mlflow(run)
+    history = client.get_metric_history(ids["mlflow"], "reward_mean")
+    assert sorted(m.step for m in history) == list(range(1, 13))
     chat = [json.loads(line) for line in (runs / "word-problems-chat" / "metrics.jsonl").open()]
     assert [r["step"] for r in chat] == [1, 2]
 
