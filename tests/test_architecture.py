@@ -321,7 +321,13 @@ def test_the_config_tree_composes_sections_only() -> None:
     assert offenders == {}
 
 
-UTILITIES = ("stalebound._lazy", "stalebound.userfiles", "stalebound.typedconfig", "stalebound.obs")
+UTILITIES = (
+    "stalebound._lazy",
+    "stalebound._scoped",
+    "stalebound.userfiles",
+    "stalebound.typedconfig",
+    "stalebound.obs",
+)
 """Modules every layer may use: they know no config tree, no engine and no training."""
 
 

@@ -66,18 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train(argv: Sequence[str]) -> int:
+    from stalebound.config.cli import train_config_or_status
     from stalebound.core.errors import ConfigError, StaleboundError
-    from stalebound.train.preflight import train_config
 
-    if any(a in ("-h", "--help") for a in argv):
-        print(TRAIN_HELP)
-        return 0
     print_config = "--print-config" in argv
-    try:
-        cfg = train_config([a for a in argv if a != "--print-config"])
-    except StaleboundError as e:
-        print(f"stalebound train: {e}", file=sys.stderr)
-        return 2
+    cfg = train_config_or_status(
+        [a for a in argv if a != "--print-config"], TRAIN_HELP, "stalebound train: "
+    )
+    if isinstance(cfg, int):
+        return cfg
     if print_config:
         from stalebound.config import dump_yaml
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from stalebound.config import config_reference, dump_yaml
+from stalebound.config import StaleboundConfig, config_reference, dump_yaml
 from stalebound.core.errors import StaleboundError
 from stalebound.train.preflight import train_config
 
-__all__ = ["HELP", "main"]
+__all__ = ["HELP", "main", "train_config_or_status"]
 
 HELP = """\
 usage: python -m stalebound.config [CONFIG.yaml ...] [key.path=value ...] [--flag VALUE ...]
@@ -32,13 +32,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args == ["--reference"]:
         sys.stdout.write(config_reference())
         return 0
-    if any(a in ("-h", "--help") for a in args):
-        print(HELP)
-        return 0
-    try:
-        config = train_config(args)
-    except StaleboundError as exc:
-        sys.stderr.write(f"{exc}\n")
-        return 2
+    config = train_config_or_status(args, HELP)
+    if isinstance(config, int):
+        return config
     sys.stdout.write(dump_yaml(config))
     return 0
+
+
+def train_config_or_status(
+    argv: Sequence[str], help_text: str, prefix: str = ""
+) -> StaleboundConfig | int:
+    """The settings ``stalebound train`` runs with for ``argv``, or the exit status when there are
+    none: 0 after printing ``help_text`` for ``-h``/``--help``, 2 after printing the one error
+    (behind ``prefix``) to stderr."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(help_text)
+        return 0
+    try:
+        return train_config(argv)
+    except StaleboundError as exc:
+        print(f"{prefix}{exc}", file=sys.stderr)
+        return 2

@@ -30,9 +30,9 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Final
 
+from stalebound._scoped import Scoped
 from stalebound.core.errors import ConfigError
 from stalebound.engines.protocol import EngineClosedError
 
@@ -124,7 +124,7 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 
 @dataclass
-class VLLMServer:
+class VLLMServer(Scoped):
     """A running vLLM server process. Use as a context manager, or call :meth:`stop`."""
 
     url: str
@@ -165,15 +165,7 @@ class VLLMServer:
             os.killpg(self.process.pid, signal.SIGKILL)
         return self.process.poll()
 
-    def __enter__(self) -> VLLMServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _exit_scope(self) -> None:
         self.stop()
 
 

@@ -22,7 +22,6 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import TracebackType
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -38,6 +37,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from stalebound._scoped import Scoped
 from stalebound.obs.records import BufferRow, RunSummary
 
 __all__ = [
@@ -92,7 +92,7 @@ class _Frame:
     rewards: tuple[float, ...] = ()
 
 
-class LiveView:
+class LiveView(Scoped):
     """The live view of one run. Use as a context manager, or call :meth:`start` and :meth:`stop`.
 
     ``console``: where to draw (default: a new stdout console). ``staleness``: η, for the header.
@@ -171,16 +171,10 @@ class LiveView:
             self._live.stop()
             self._live = None
 
-    def __enter__(self) -> LiveView:
+    def _enter_scope(self) -> None:
         self.start()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _exit_scope(self) -> None:
         self.stop()
 
     # ---------------------------------------------------------------- updates

@@ -21,9 +21,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
+from stalebound._scoped import Scoped
 from stalebound.core import ConfigError, ProtocolError
 from stalebound.core.checks import check_version, is_integral
 from stalebound.obs.loggers import MetricLogger
@@ -50,7 +50,7 @@ TENSORBOARD_DIR = "tensorboard"
 _FILES = (METRICS_FILE, STALENESS_FILE, BUFFERS_FILE)
 
 
-class RunLogger:
+class RunLogger(Scoped):
     """Writes a run directory: step metrics, staleness counts, buffer samples, TensorBoard events.
 
     ``resume=False`` refuses a directory that already holds a run (so nothing is overwritten);
@@ -299,15 +299,7 @@ class RunLogger:
             for logger in self._loggers:
                 logger.close()
 
-    def __enter__(self) -> RunLogger:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _exit_scope(self) -> None:
         self.close()
 
     # --------------------------------------------------------------- helpers

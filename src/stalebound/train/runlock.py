@@ -14,8 +14,8 @@ import fcntl
 import logging
 import os
 from pathlib import Path
-from types import TracebackType
 
+from stalebound._scoped import Scoped
 from stalebound.core import ConfigError
 
 __all__ = ["LOCK_FILE", "RunLock"]
@@ -30,7 +30,7 @@ def _pid_in(fd: int) -> int | None:
     return None
 
 
-class RunLock:
+class RunLock(Scoped):
     """An exclusive lock on a run directory (a context manager; :meth:`acquire` / :meth:`release`).
 
     Raises :class:`ConfigError` naming the pid of a live holder; ``OSError`` when the directory
@@ -82,13 +82,8 @@ class RunLock:
             os.ftruncate(fd, 0)
         os.close(fd)
 
-    def __enter__(self) -> RunLock:
-        return self.acquire()
+    def _enter_scope(self) -> None:
+        self.acquire()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _exit_scope(self) -> None:
         self.release()
