@@ -729,7 +729,8 @@ def test_reference_lists_every_key_and_alias() -> None:
     assert "| `rollout.staleness` | int | `2` | η, the staleness bound" in text
     assert "| `psrl.staleness` | `rollout.staleness` | `--psrl.staleness` |" in text
     assert (
-        "| `rollout.max_head_offpolicyness` | `rollout.staleness` "
+        "| `rollout.max_head_offpolicyness` | `rollout.staleness`; with "
+        "`rollout.staleness_policy=deadline`, `rollout.deadline.target` "
         "| `--rollout.max-head-offpolicyness` |" in text
     )
 

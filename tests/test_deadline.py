@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -605,18 +606,39 @@ def test_synchronous_deadline_admits_a_whole_batch_whatever_the_margin() -> None
     assert p.try_admit(4) is not None  # the next batch, at version 1
 
 
-def test_a_target_above_the_bound_is_refused_when_the_config_loads() -> None:
-    with pytest.raises(ConfigError, match=r"rollout.deadline.target=5: the soft admission target"):
+@pytest.mark.parametrize("key", ["rollout.deadline.target", "rollout.max_head_offpolicyness"])
+def test_a_target_above_the_bound_is_refused_when_the_config_loads(key: str) -> None:
+    """Refused under the spelling given: AReaL's is the soft target under this policy."""
+    with pytest.raises(ConfigError, match=rf"^{key}=5: the soft admission target"):
         load_config(
-            overrides=[
-                "rollout.staleness_policy=deadline",
-                "rollout.staleness=4",
-                "rollout.deadline.target=5",
-            ]
+            overrides=["rollout.staleness_policy=deadline", "rollout.staleness=4", f"{key}=5"]
         )
-    # AReaL's spelling is the alias of the one bound under every policy: here the hard bound
-    c = load_config(
-        overrides=["rollout.staleness_policy=deadline", "rollout.max_head_offpolicyness=8"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [("deadline", (3, 8)), ("capacity", (None, 3)), ("buffer", (None, 3))],
+)
+def test_areal_max_head_offpolicyness_is_the_admission_bound_of_each_policy(
+    policy: str, expected: tuple[int | None, int]
+) -> None:
+    """AReaL's ``max_head_offpolicyness`` keeps AReaL's meaning, the admission bound: the soft
+    target under ``deadline``, the bound itself under ``capacity`` and ``buffer``; the policy may
+    be named in any layer, before or after it."""
+    named_last = load_config(
+        data=[{"rollout": {"staleness": 8}}, {"rollout": {"max_head_offpolicyness": 3}}],
+        overrides=[f"rollout.staleness_policy={policy}"],
     )
-    s = resolve_settings(c.rollout)
-    assert (s.soft_staleness, s.staleness) == (4, 8)
+    named_first = load_config(
+        data=[{"rollout": {"staleness_policy": policy, "staleness": 8}}],
+        overrides=["max_head_offpolicyness=3"],
+    )
+    for c in (named_last, named_first):
+        assert (c.rollout.deadline.target, c.rollout.staleness) == expected
+        assert c.rollout.max_head_offpolicyness == 3
+    s = resolve_settings(named_last.rollout)
+    assert (s.staleness, s.soft_staleness) == (expected[1], expected[0])
+    # the same through AReaL's keyword on the section
+    r = RolloutConfig(staleness_policy=policy, staleness=8, max_head_offpolicyness=3)
+    assert (r.deadline.target, r.staleness) == expected
+    assert dataclasses.replace(r, max_head_offpolicyness=2).max_head_offpolicyness == 2

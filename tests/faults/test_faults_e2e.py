@@ -65,7 +65,7 @@ def train_args(run_dir: Path, models: Path, *extra: str) -> list[str]:
         f"engine.cache_dir={models}",
         "rollout.consumer_batch_size=16",
         "rollout.group_size=4",
-        f"rollout.max_head_offpolicyness={ETA}",
+        f"rollout.staleness={ETA}",
         "run.checkpoint_every_steps=2",
         "run.checkpoint_every_s=0",
         f"run.steps={STEPS}",

@@ -26,6 +26,7 @@ from stalebound.distributed.config import RayConfig
 from stalebound.engines.config import EngineConfig
 from stalebound.obs.config import ObsConfig
 from stalebound.runtime.config import (
+    AREAL_SWITCHED_ALIASES,
     STALENESS_ALIASES,
     DeadlineConfig,
     FilterGroupsConfig,
@@ -135,6 +136,7 @@ class StaleboundConfig:
     """The root of the tree."""
 
     config_aliases: ClassVar[Mapping[str, str]] = ALIASES
+    config_switched_aliases: ClassVar[Mapping[str, typedconfig.Switch]] = AREAL_SWITCHED_ALIASES
     config_synonyms: ClassVar[Mapping[str, tuple[str, ...]]] = SYNONYMS
 
     seed: int = 0
@@ -165,6 +167,7 @@ def _schema(base: type) -> typedconfig.Schema:
     return typedconfig.Schema(
         base,
         getattr(base, "config_aliases", None),
+        switched=getattr(base, "config_switched_aliases", None),
         synonyms=getattr(base, "config_synonyms", None),
         reference_hint=_REFERENCE_HINT,
     )
@@ -281,7 +284,9 @@ python -m stalebound.config my.yaml --consumer-batch-size 16   # print what trai
   in the same command line, is an error naming both. PSRL's two redundancy levels are spelled
   `psrl.redundant_rollout.buffer_size` (entries per buffer, B′ → `rollout.buffer_size`) and
   `psrl.redundant_rollout.rollout_n` (trajectories launched per group, N′ →
-  `rollout.group_redundancy`), after PSRL's own `rollout_n` for N.
+  `rollout.group_redundancy`), after PSRL's own `rollout_n` for N. AReaL's
+  `max_head_offpolicyness` keeps AReaL's meaning, the admission bound: `rollout.deadline.target`
+  under `staleness_policy: deadline` (wherever the policy is set), `rollout.staleness` otherwise.
 * **Errors**: every problem is reported at once, one per line, as `name=value: why; the fix` (the
   first 20 spelt out, then how many more). Types are checked strictly: `"abc"` is not an integer,
   `4.0` is not an integer (an integer is a valid float), `null` is accepted only where the type

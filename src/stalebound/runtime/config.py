@@ -11,6 +11,7 @@ attribute :data:`AREAL_STALENESS_NAME` on this class.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -18,10 +19,11 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from stalebound.core.deadline import DEFAULT_GRACE_STEPS, DEFAULT_SLACK
-from stalebound.typedconfig import Invalid, bounds, null_means
+from stalebound.typedconfig import Invalid, Switch, bounds, null_means
 
 __all__ = [
     "AREAL_STALENESS_NAME",
+    "AREAL_SWITCHED_ALIASES",
     "STALENESS_ALIASES",
     "DeadlineConfig",
     "FilterGroupsConfig",
@@ -31,10 +33,11 @@ __all__ = [
 ]
 
 AREAL_STALENESS_NAME = "max_head_offpolicyness"
-"""AReaL's name of the staleness bound. Today it means exactly :attr:`RolloutConfig.staleness`;
-this constant, :data:`STALENESS_ALIASES`, and the keyword and property of the same name on
-:class:`RolloutConfig` are the only places that say so, so giving it a meaning of its own (a soft
-admission target below the hard bound) turns them into a field of its own."""
+"""AReaL's name of its admission bound. It keeps AReaL's meaning: under ``staleness_policy:
+deadline`` it is the soft admission target :attr:`DeadlineConfig.target`, under ``buffer`` and
+``capacity`` the bound :attr:`RolloutConfig.staleness` itself. This constant,
+:data:`STALENESS_ALIASES`, :data:`AREAL_SWITCHED_ALIASES`, and the keyword and property of the
+same name on :class:`RolloutConfig` are the only places that say so."""
 
 STALENESS_ALIASES: Mapping[str, str] = MappingProxyType(
     {
@@ -43,7 +46,16 @@ STALENESS_ALIASES: Mapping[str, str] = MappingProxyType(
         "psrl.staleness": "rollout.staleness",
     }
 )
-"""Every spelling of the staleness bound a config may use, mapped to its one key."""
+"""Every spelling of the staleness bound a config may use, mapped to its one key (AReaL's, only
+while the policy is not ``deadline``: :data:`AREAL_SWITCHED_ALIASES`)."""
+
+AREAL_SWITCHED_ALIASES: Mapping[str, Switch] = MappingProxyType(
+    {
+        spelling: Switch("rollout.staleness_policy", {"deadline": "rollout.deadline.target"})
+        for spelling in (f"rollout.{AREAL_STALENESS_NAME}", AREAL_STALENESS_NAME)
+    }
+)
+"""AReaL's spellings under the deadline policy: the soft target, as AReaL's admission bound."""
 
 
 @dataclass
@@ -94,7 +106,8 @@ class DeadlineConfig:
         default=None, metadata=bounds(ge=0, fix="use null for half the hard bound, or ≥ 0")
     )
     """η_s, the soft admission target (AReaL's capacity arithmetic admits at it); at most
-    ``rollout.staleness``, the hard bound η_h. ``None`` means η_h // 2."""
+    ``rollout.staleness``, the hard bound η_h. ``None`` means η_h // 2. Also spelt, under this
+    policy, ``rollout.max_head_offpolicyness`` (AReaL's admission bound)."""
     slack: int = field(
         default=DEFAULT_SLACK, metadata=bounds(ge=0, fix=f"e.g. {DEFAULT_SLACK} (the default)")
     )
@@ -139,9 +152,9 @@ class RolloutConfig:
     target ``deadline.target`` with ``staleness`` as the hard bound (docs/deadline.md)."""
     staleness: int = field(default=2, metadata=bounds(ge=0, fix="use 0 for synchronous training"))
     """η, the staleness bound: a trajectory generated at version V is trained at V + η at the latest.
-    0 is synchronous training. Also spelt ``rollout.max_head_offpolicyness`` (AReaL),
-    ``psrl.staleness`` (PSRL) and ``--max-head-offpolicyness``. Under ``deadline``, the hard bound
-    η_h."""
+    0 is synchronous training. Also spelt ``psrl.staleness`` (PSRL) and, except under
+    ``deadline``, ``rollout.max_head_offpolicyness`` (AReaL) and ``--max-head-offpolicyness``.
+    Under ``deadline``, the hard bound η_h."""
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     consumer_batch_size: int = field(
         default=8, metadata=bounds(ge=1, fix="train on at least one group per step")
@@ -208,8 +221,12 @@ class RolloutConfig:
 
     @property
     def max_head_offpolicyness(self) -> int:
-        """AReaL's name of :attr:`staleness`, read back (see :data:`AREAL_STALENESS_NAME`)."""
-        return self.staleness
+        """AReaL's admission bound, read back (see :data:`AREAL_STALENESS_NAME`): the soft target
+        under ``deadline`` (η_h // 2 when not set), else :attr:`staleness`."""
+        if self.staleness_policy != "deadline":
+            return self.staleness
+        target = self.deadline.target
+        return self.staleness // 2 if target is None else target
 
     def _validate(self) -> Iterator[Invalid]:
         # the redundant sizes (B′, N′) are at least what they add redundancy to (B, N)
@@ -252,17 +269,24 @@ class RolloutConfig:
 
 
 def _accept_areal_keyword(cls: type[RolloutConfig]) -> None:
-    """``RolloutConfig(max_head_offpolicyness=4)`` sets :attr:`~RolloutConfig.staleness`, as
-    AReaL's ``InferenceEngineConfig`` keyword does (a wrapper, not a field, so that the config
-    tree sees one setting). Given with ``staleness``, AReaL's keyword wins: that is what
-    ``dataclasses.replace(config, max_head_offpolicyness=4)`` passes (every field, ``staleness``
-    with its old value, plus the keyword)."""
+    """``RolloutConfig(max_head_offpolicyness=4)`` sets AReaL's admission bound, as AReaL's
+    ``InferenceEngineConfig`` keyword does: :attr:`~RolloutConfig.staleness`, or under
+    ``staleness_policy="deadline"`` ``deadline.target`` (a wrapper, not a field, so that the config
+    tree sees one setting). Given with the setting it stands for, AReaL's keyword wins: that is
+    what ``dataclasses.replace(config, max_head_offpolicyness=4)`` passes (every field, with its
+    old value, plus the keyword)."""
     generated = cls.__init__
 
     @functools.wraps(generated)
     def __init__(self: RolloutConfig, *args: Any, **kwargs: Any) -> None:
         if AREAL_STALENESS_NAME in kwargs:
-            kwargs["staleness"] = kwargs.pop(AREAL_STALENESS_NAME)
+            bound = kwargs.pop(AREAL_STALENESS_NAME)
+            policy = args[0] if args else kwargs.get("staleness_policy", "buffer")
+            if policy == "deadline":
+                deadline = kwargs.get("deadline") or DeadlineConfig()
+                kwargs["deadline"] = dataclasses.replace(deadline, target=bound)
+            else:
+                kwargs["staleness"] = bound
         generated(self, *args, **kwargs)
 
     setattr(cls, "__init__", __init__)  # noqa: B010 (a method assignment the checker refuses)

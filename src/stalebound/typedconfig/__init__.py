@@ -28,7 +28,7 @@ limits), :mod:`~stalebound.typedconfig.values` (values in messages and dumps),
 from stalebound.typedconfig.fields import Bounds, Invalid, bounds, null_means, problems_as_invalid
 from stalebound.typedconfig.layers import file_layer, override_layer, parse_argv
 from stalebound.typedconfig.reference import field_docs, reference_tables
-from stalebound.typedconfig.schema import Layer, Problems, Schema, check
+from stalebound.typedconfig.schema import Layer, Problems, Schema, Switch, check
 from stalebound.typedconfig.suggest import suggest
 from stalebound.typedconfig.values import dump_yaml, show, to_plain
 from stalebound.typedconfig.yamlload import MAX_YAML_BYTES, MAX_YAML_VALUES, read_yaml
@@ -41,6 +41,7 @@ __all__ = [
     "Layer",
     "Problems",
     "Schema",
+    "Switch",
     "bounds",
     "check",
     "dump_yaml",

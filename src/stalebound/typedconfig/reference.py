@@ -108,6 +108,13 @@ def reference_tables(schema: Schema) -> str:
         out.append("|---|---|---|")
         for alias, canonical in schema.aliases.items():
             flag = "--" + dotted(alias).replace("_", "-")
-            out.append(f"| `{dotted(alias)}` | `{dotted(canonical)}` | `{flag}` |")
+            key = f"`{dotted(canonical)}`"
+            switch = schema.switched.get(alias)
+            if switch is not None:
+                key += "".join(
+                    f"; with `{switch.setting}={value}`, `{other}`"
+                    for value, other in switch.keys.items()
+                )
+            out.append(f"| `{dotted(alias)}` | {key} | `{flag}` |")
         out.append("")
     return "\n".join(out)

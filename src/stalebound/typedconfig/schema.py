@@ -26,7 +26,7 @@ from stalebound.typedconfig.fields import (
 from stalebound.typedconfig.suggest import suggest
 from stalebound.typedconfig.values import show, to_plain, visible
 
-__all__ = ["Layer", "Problems", "Schema", "check"]
+__all__ = ["Layer", "Problems", "Schema", "Switch", "check"]
 
 _EXPONENT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 """A number in exponent notation, as YAML 1.1 leaves it a string without a dot (``3e-4``)."""
@@ -74,6 +74,15 @@ class _Entry(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
+class Switch:
+    """Where a switched alias points while ``setting`` (a dotted key) has one of the values in
+    ``keys`` (value → dotted key); under any other value it points at its plain alias's key."""
+
+    setting: str
+    keys: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
 class Layer:
     """One source of settings: a parsed mapping, or the override list (``overrides=True``).
 
@@ -93,12 +102,15 @@ class Schema:
         root: type,
         aliases: Mapping[str, str] | None = None,
         *,
+        switched: Mapping[str, Switch] | None = None,
         synonyms: Mapping[str, Iterable[str]] | None = None,
         reference_hint: str = "",
     ) -> None:
         """``aliases`` maps other spellings of a key to the key (``psrl.rollout_n`` →
-        ``rollout.group_size``); ``synonyms`` maps a field's last name to words users write for
-        it (``lr`` → ``learning_rate``), which only the suggestions for an unknown key read."""
+        ``rollout.group_size``); ``switched`` gives some of those aliases another key while a
+        setting has a given value (see :class:`Switch`); ``synonyms`` maps a field's last name to
+        words users write for it (``lr`` → ``learning_rate``), which only the suggestions for an
+        unknown key read."""
         if not is_section(root):
             raise TypeError(f"the root of a config tree must be a dataclass, not {root!r}")
         self.root = root
@@ -121,6 +133,15 @@ class Schema:
                 raise TypeError(f"alias {dotted(alias)} targets {dotted(canonical)}, not a field")
             if alias in self.fields or alias in self.alias_prefixes:
                 raise TypeError(f"alias {dotted(alias)} shadows a field or another alias")
+        self.switched: dict[KeyPath, Switch] = {
+            tuple(a.split(".")): sw for a, sw in (switched or {}).items()
+        }
+        for alias, sw in self.switched.items():
+            keys = [sw.setting, *sw.keys.values()]
+            if alias not in self.aliases or any(
+                tuple(k.split(".")) not in self.fields for k in keys
+            ):
+                raise TypeError(f"switched alias {dotted(alias)}: not an alias, or not to fields")
 
     def _walk(self, cls: type, prefix: KeyPath) -> None:
         hints = field_types(cls)
@@ -136,9 +157,33 @@ class Schema:
 
     # -- keys --
 
-    def canonical(self, path: KeyPath) -> KeyPath:
-        """The canonical path of a spelling (aliases resolved)."""
+    def canonical(
+        self, path: KeyPath, switches: Mapping[KeyPath, KeyPath] | None = None
+    ) -> KeyPath:
+        """The canonical path of a spelling (aliases resolved; ``switches`` are the switched
+        aliases' keys for the layers being loaded, from :meth:`switched_keys`)."""
+        if switches and path in switches:
+            return switches[path]
         return self.aliases.get(path, path)
+
+    def switched_keys(self, layers: Sequence[Layer]) -> dict[KeyPath, KeyPath]:
+        """Each switched alias whose setting ends up with one of its values (the last layer's that
+        sets it, else the default), mapped to that value's key."""
+        settings = {tuple(sw.setting.split(".")) for sw in self.switched.values()}
+        values = {s: default_of(self.fields[s][1]) for s in settings}
+        for layer in layers:
+            flat: list[tuple[KeyPath, Any]] = []
+            _flatten(layer.mapping, (), self.is_branch, flat, [])  # problems: reported by load
+            for path, value in flat:
+                if self.canonical(path) in values:
+                    values[self.canonical(path)] = value
+        out: dict[KeyPath, KeyPath] = {}
+        for alias, sw in self.switched.items():
+            value = values[tuple(sw.setting.split("."))]
+            key = sw.keys.get(value) if isinstance(value, str) else None
+            if key is not None:
+                out[alias] = tuple(key.split("."))
+        return out
 
     def is_branch(self, path: KeyPath) -> bool:
         """True when a mapping given at ``path`` holds sub-keys rather than being the value."""
@@ -167,8 +212,10 @@ class Schema:
         problems = Problems()
         merged: dict[KeyPath, _Entry] = {}
         below: dict[KeyPath, set[KeyPath]] = {}  # each proper prefix -> the merged keys under it
+        layers = list(layers)
+        switches = self.switched_keys(layers) if self.switched else {}
         for layer in layers:
-            entries = self._layer_entries(layer, problems)
+            entries = self._layer_entries(layer, problems, switches)
             for path, entry in entries.items():
                 empty = _is_empty_mapping(entry.value)
                 if empty and path not in self.sections:
@@ -199,12 +246,14 @@ class Schema:
             raise ConfigError(problems, omitted=problems.omitted)
         return result
 
-    def _layer_entries(self, layer: Layer, problems: list[str]) -> dict[KeyPath, _Entry]:
+    def _layer_entries(
+        self, layer: Layer, problems: list[str], switches: Mapping[KeyPath, KeyPath]
+    ) -> dict[KeyPath, _Entry]:
         flat: list[tuple[KeyPath, Any]] = []
         _flatten(layer.mapping, (), self.is_branch, flat, problems)
         entries: dict[KeyPath, _Entry] = {}
         for path, value in flat:
-            canonical = self.canonical(path)
+            canonical = self.canonical(path, switches)
             new = _Entry(value, dotted(path))
             old = entries.get(canonical)
             repeat = layer.overrides and old is not None and old.spelling == new.spelling
