@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
+import math
 from typing import Any
 
 import pytest
 
+from stalebound.config import DeadlineConfig, ProactiveFilterConfig, RolloutConfig
 from stalebound.core.events import Retry, TruncateMember
+from stalebound.core.settings import resolve_settings
 from stalebound.obs.trace import TraceRecorder
 from stalebound.sim.config import WorkloadConfig, workload_from_dict
 from stalebound.sim.engine import EventQueue
+from stalebound.sim.policies import coordinator_settings, policy_spec
 from stalebound.sim.simulator import POLICIES, Simulation, simulate
 
 # Long tails on a tiny cluster: p99 is 30× the median, so stragglers outlive several steps.
@@ -245,3 +250,38 @@ def test_a_publication_that_waits_for_the_episodes_it_starts_lengthens_the_step(
     c = slow.counts
     assert c["trained"] == slow.steps * 4 * 2
     assert c["launched"] == sum(c.get(k, 0) for k in OUTCOMES + STILL)
+
+
+# What the simulator sets on purpose: it models a cluster, not an operator's patience or logs.
+SIMULATOR_CHOICES = {"request_timeout", "max_failures", "watchdog", "progress_log"}
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICIES if p != "sync"])
+def test_the_simulator_and_the_runtime_resolve_one_default_per_setting(policy: str) -> None:
+    """The simulator builds its coordinator settings with the runtime's builder: every setting the
+    workload does not name resolves to the runtime's default, under every policy."""
+    cfg = workload_from_dict({"batch": {"groups": 4, "group_size": 2, "runtime_default": True}})
+    spec = policy_spec(policy)
+    sim = coordinator_settings(cfg, spec, 4)
+    runtime = resolve_settings(
+        RolloutConfig(
+            staleness_policy=spec.kind,  # type: ignore[arg-type]
+            staleness=4,
+            deadline=DeadlineConfig(
+                target=spec.target(4),
+                action=spec.deadline_action,  # type: ignore[arg-type]
+            ),
+            consumer_batch_size=4,
+            group_size=2,
+            buffer_size=math.ceil(4 * cfg.redundancy.batch_factor) if spec.redundancy else None,
+            group_redundancy=2 + cfg.redundancy.group_extra if spec.redundancy else None,
+            reject_stale_results=spec.drop_stale,
+            proactive_filter=ProactiveFilterConfig(method=spec.filter or "null"),  # type: ignore[arg-type]
+        ),
+    )
+    differ = {
+        f.name
+        for f in dataclasses.fields(sim)
+        if getattr(sim, f.name) != getattr(runtime, f.name) and f.name not in SIMULATOR_CHOICES
+    }
+    assert differ == set(), {n: (getattr(sim, n), getattr(runtime, n)) for n in differ}

@@ -30,7 +30,7 @@ from stalebound.core.buffer_records import (
     Reservation,
     WindowStates,
 )
-from stalebound.core.checks import check_version, is_int
+from stalebound.core.checks import check_version, is_int, staleness_problems
 from stalebound.core.errors import ConfigError, InvariantError, ProtocolError
 from stalebound.core.transitions import (
     ENTRY_TRANSITIONS,
@@ -799,7 +799,7 @@ def _validate(
         return True
 
     ok_b = need_int("batch_size", batch_size, 1, "set it to the groups per training step")
-    need_int("staleness", staleness, 0, "use 0 for synchronous training")
+    problems.extend(staleness_problems("staleness", staleness))
     ok_n = need_int("group_size", group_size, 1, "use 1 when each group is one trajectory")
     need_int("start_version", start_version, 0, "versions count training steps from 0")
     if buffer_size is not None and ok_b:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stalebound.core.checks import check_version, is_int
+from stalebound.core.checks import check_version, is_int, staleness_problems
 from stalebound.core.errors import ConfigError, ProtocolError
 
 __all__ = ["CapacityCounter", "RolloutStat"]
@@ -38,10 +38,10 @@ class CapacityCounter:
         for name, value, low in (
             ("max_concurrent_rollouts", max_concurrent_rollouts, 0),
             ("consumer_batch_size", consumer_batch_size, 0),
-            ("max_staleness", max_staleness, 0),
         ):
             if not is_int(value) or value < low:
                 problems.append(f"{name}={value!r}: must be an integer ≥ {low}")
+        problems.extend(staleness_problems("max_staleness", max_staleness))
         if problems:
             raise ConfigError(problems)
         self.max_concurrent_rollouts = max_concurrent_rollouts

@@ -6,7 +6,10 @@ import numbers
 
 from stalebound.core.errors import ProtocolError
 
-__all__ = ["check_version", "is_int", "is_integral"]
+__all__ = ["SYNCHRONOUS_FIX", "check_version", "is_int", "is_integral", "staleness_problems"]
+
+SYNCHRONOUS_FIX = "use 0 for synchronous training"
+"""The fix of a bad staleness setting."""
 
 
 def is_int(value: object) -> bool:
@@ -33,3 +36,12 @@ def check_version(op: str, version: object, *, integral: bool = False) -> int:
             "steps from 0)"
         )
     return int(version)  # type: ignore[call-overload,no-any-return]
+
+
+def staleness_problems(name: str, value: object) -> list[str]:
+    """The one rule of every staleness setting (the bound η, the hard bound η_h, the soft target
+    η_s, AReaL's ``max_staleness``): an ``int`` ≥ 0, 0 being synchronous. ``[]`` when ``value``
+    keeps it, else the one line ``name=value: why; fix``."""
+    if is_int(value) and value >= 0:  # type: ignore[operator]
+        return []
+    return [f"{name}={value!r}: must be an integer ≥ 0; {SYNCHRONOUS_FIX}"]

@@ -28,7 +28,7 @@ from typing import Any
 
 from stalebound.core.buffer import ConsumedBatch, StalenessBuffer
 from stalebound.core.capacity import CapacityCounter, RolloutStat
-from stalebound.core.checks import is_int
+from stalebound.core.checks import is_int, staleness_problems
 from stalebound.core.errors import ConfigError, ProtocolError
 from stalebound.core.grace import GRACE_WINDOW
 from stalebound.core.names import DEADLINE_ACTIONS, DEADLINE_MOMENTS, PolicyKind, Verdict
@@ -68,10 +68,12 @@ def default_margin(soft: int) -> int:
 def deadline_bounds(soft: int | None, hard: int | None) -> tuple[int, int]:
     """``(η_s, η_h)`` from the settings given: both; only the soft target (``η_h = 2·η_s``);
     only the hard bound (``η_s = η_h // 2``). ``η_s > η_h`` is a :class:`ConfigError`."""
-    problems = []
-    for name, value in (("deadline.target", soft), ("staleness", hard)):
-        if value is not None and (not is_int(value) or value < 0):
-            problems.append(f"rollout.{name}={value!r}: must be an integer ≥ 0")
+    problems = [
+        problem
+        for name, value in (("deadline.target", soft), ("staleness", hard))
+        if value is not None
+        for problem in staleness_problems(f"rollout.{name}", value)
+    ]
     if soft is None and hard is None:
         problems.append(
             "rollout.staleness=None: staleness_policy=deadline needs the hard bound "

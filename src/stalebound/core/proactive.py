@@ -22,6 +22,8 @@ from stalebound.core.names import PolicyKind, ProactiveMethod, Timer, Verdict
 from stalebound.core.timers import Timers
 
 __all__ = [
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_THRESHOLD",
     "NoProactiveFilter",
     "ProactiveFilter",
     "StragglerClock",
@@ -30,6 +32,12 @@ __all__ = [
     "proactive_filter",
     "proactive_filter_targets",
 ]
+
+DEFAULT_THRESHOLD = 4
+"""Act on a STUCK head buffer with at most this many RESERVED entries (``rollout.proactive_filter``
+and the simulator's ``proactive`` section share it)."""
+DEFAULT_MAX_RETRIES = 2
+"""``retry``: how often one prompt may be retried."""
 
 
 class StuckTimer:

@@ -237,7 +237,7 @@ def build_policy(
         )
         return BufferPolicy(buffer, max_concurrent=s.max_concurrent)
     if s.policy == "deadline":
-        soft = s.staleness // 2 if s.soft_staleness is None else s.soft_staleness
+        soft, _ = deadline_bounds(s.soft_staleness, s.staleness)
         bounded = StalenessBuffer(
             s.batch_size,
             s.staleness,

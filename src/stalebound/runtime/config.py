@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from stalebound.core.deadline import DEFAULT_GRACE_STEPS, DEFAULT_SLACK
+from stalebound.core.checks import SYNCHRONOUS_FIX
+from stalebound.core.deadline import DEFAULT_GRACE_STEPS, DEFAULT_SLACK, deadline_bounds
+from stalebound.core.proactive import DEFAULT_MAX_RETRIES, DEFAULT_THRESHOLD
 from stalebound.typedconfig import Invalid, Switch, bounds, null_means
 
 __all__ = [
@@ -67,7 +69,10 @@ class ProactiveFilterConfig:
     )
     """``retry`` aborts and re-dispatches them, ``truncate`` force-completes them, ``null`` waits."""
     threshold: int = field(
-        default=4, metadata=bounds(ge=0, fix="count RESERVED entries, e.g. 4 (the default)")
+        default=DEFAULT_THRESHOLD,
+        metadata=bounds(
+            ge=0, fix=f"count RESERVED entries, e.g. {DEFAULT_THRESHOLD} (the default)"
+        ),
     )
     """Act only when the STUCK buffer has at most this many RESERVED entries."""
     stuck_timeout_s: float | None = field(
@@ -75,7 +80,10 @@ class ProactiveFilterConfig:
     )
     """Act only once the buffer has been STUCK this long (seconds); ``None`` acts at once."""
     max_retries: int = field(
-        default=2, metadata=bounds(ge=0, fix="e.g. 2 (the default); 0 never retries a prompt")
+        default=DEFAULT_MAX_RETRIES,
+        metadata=bounds(
+            ge=0, fix=f"e.g. {DEFAULT_MAX_RETRIES} (the default); 0 never retries a prompt"
+        ),
     )
     """``retry`` only: how often one prompt may be retried; a group past it is waited for."""
 
@@ -150,7 +158,7 @@ class RolloutConfig:
     """``buffer``: PSRL's per-trajectory staleness buffer. ``capacity``: AReaL's count-based
     admission (bounds staleness in aggregate only). ``deadline``: AReaL's admission at the soft
     target ``deadline.target`` with ``staleness`` as the hard bound (docs/deadline.md)."""
-    staleness: int = field(default=2, metadata=bounds(ge=0, fix="use 0 for synchronous training"))
+    staleness: int = field(default=2, metadata=bounds(ge=0, fix=SYNCHRONOUS_FIX))
     """η, the staleness bound: a trajectory generated at version V is trained at V + η at the latest.
     0 is synchronous training. Also spelt ``psrl.staleness`` (PSRL) and, except under
     ``deadline``, ``rollout.max_head_offpolicyness`` (AReaL) and ``--max-head-offpolicyness``.
@@ -225,8 +233,7 @@ class RolloutConfig:
         under ``deadline`` (η_h // 2 when not set), else :attr:`staleness`."""
         if self.staleness_policy != "deadline":
             return self.staleness
-        target = self.deadline.target
-        return self.staleness // 2 if target is None else target
+        return deadline_bounds(self.deadline.target, self.staleness)[0]
 
     def _validate(self) -> Iterator[Invalid]:
         # the redundant sizes (B′, N′) are at least what they add redundancy to (B, N)

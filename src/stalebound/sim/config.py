@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from stalebound.core.errors import ConfigError
+from stalebound.core.proactive import DEFAULT_THRESHOLD
 from stalebound.typedconfig import Invalid, Layer, Problems, Schema, bounds, read_yaml
 from stalebound.userfiles import label
 
@@ -223,7 +224,9 @@ class ProactiveConfig:
     seconds — ``rollout.proactive_filter`` of ``stalebound train``.
     """
 
-    threshold: int = field(default=4, metadata=bounds(ge=1, fix="give reserved entries"))
+    threshold: int = field(
+        default=DEFAULT_THRESHOLD, metadata=bounds(ge=1, fix="give reserved entries")
+    )
     stuck_time: float = _ge(0.0, "give seconds")
 
 

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from stalebound.core import ConfigError, InvariantError, MemberId
+from stalebound.core.checks import staleness_problems
 from stalebound.core.coordinator import Coordinator
 from stalebound.core.events import (
     AbortGroup,
@@ -143,8 +144,9 @@ class Simulation:
         prompts: int | None = None,
         action_log: ActionLog | None = None,
     ) -> None:
-        if not isinstance(staleness, int) or staleness < 0:
-            raise ConfigError(f"staleness={staleness!r}: must be an integer ≥ 0 (η)")
+        problems = staleness_problems("staleness", staleness)
+        if problems:
+            raise ConfigError(problems)
         self.cfg = cfg
         self.spec = policy_spec(policy)
         self.eta = 0 if self.spec.synchronous else staleness
