@@ -802,18 +802,16 @@ def _validate(
     problems.extend(staleness_problems("staleness", staleness))
     ok_n = need_int("group_size", group_size, 1, "use 1 when each group is one trajectory")
     need_int("start_version", start_version, 0, "versions count training steps from 0")
-    if buffer_size is not None and ok_b:
-        need_int(
-            "buffer_size",
-            buffer_size,
-            batch_size,  # type: ignore[arg-type]
-            f"use None or at least batch_size={batch_size} (larger adds batch-level redundancy)",
-        )
-    if group_redundancy is not None and ok_n:
-        need_int(
-            "group_redundancy",
-            group_redundancy,
-            group_size,  # type: ignore[arg-type]
-            f"use None or at least group_size={group_size} (larger adds group-level redundancy)",
-        )
+    # the redundant sizes (B′, N′) are at least what they add redundancy to (B, N)
+    for name, value, floor_ok, floor_name, floor, level in (
+        ("buffer_size", buffer_size, ok_b, "batch_size", batch_size, "batch"),
+        ("group_redundancy", group_redundancy, ok_n, "group_size", group_size, "group"),
+    ):
+        if value is not None and floor_ok:
+            need_int(
+                name,
+                value,
+                floor,  # type: ignore[arg-type]
+                f"use None or at least {floor_name}={floor} (larger adds {level}-level redundancy)",
+            )
     return problems
