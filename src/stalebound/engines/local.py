@@ -355,13 +355,7 @@ class LocalEngine:
     async def abort(self, request_id: str) -> GenerateResponse | None:
         """Stop a request; returns its partial output (``finish_reason == "abort"``), or ``None``
         if no request with this id is in flight here."""
-        if request_id not in self._pending:
-            self._check_open()
-            return None
-        response: GenerateResponse | None = await self._call("abort", request_id)
-        if response is not None:
-            with self._state_lock:
-                self._counts.aborted += 1
+        response: GenerateResponse | None = await self._take("abort", request_id, "aborted")
         return response
 
     async def pause(self) -> None:
@@ -432,13 +426,7 @@ class LocalEngine:
     async def export_continuation(self, request_id: str) -> Continuation | None:
         """Take a request out of this engine; its ``agenerate`` returns the partial output with
         ``finish_reason == "abort"``. ``None`` if no such request is in flight here."""
-        if request_id not in self._pending:
-            self._check_open()
-            return None
-        continuation: Continuation | None = await self._call("export", request_id)
-        if continuation is not None:
-            with self._state_lock:
-                self._counts.migrated_out += 1
+        continuation: Continuation | None = await self._take("export", request_id, "migrated_out")
         return continuation
 
     async def acontinue(self, continuation: Continuation) -> GenerateResponse:
@@ -526,6 +514,18 @@ class LocalEngine:
             if not self._closed and request.request_id in self._pending:
                 self._outbox.put(("abort", next(self._tokens), request.request_id))
             raise
+
+    async def _take(self, kind: str, request_id: str, count: str) -> Any:
+        """The worker's answer to ``kind`` for an in-flight request, counted under ``count`` when
+        there is one; ``None`` when no such request is in flight here."""
+        if request_id not in self._pending:
+            self._check_open()
+            return None
+        answer = await self._call(kind, request_id)
+        if answer is not None:
+            with self._state_lock:
+                setattr(self._counts, count, getattr(self._counts, count) + 1)
+        return answer
 
     async def _call(self, kind: str, *args: Any) -> Any:
         token = next(self._tokens)
