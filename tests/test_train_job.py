@@ -24,8 +24,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             f"run.run_dir={run_dir}",
             "run.live=false",
             "run.eval_prompts=60",
-            "--max-head-offpolicyness",
+            "--rollout.staleness",
             "2",
+            "--max-head-offpolicyness",  # AReaL's admission bound: the deadline policy's η_s
+            "1",
             f"engine.cache_dir={tmp_path_factory.mktemp('models')}",
         ]
     )
@@ -54,7 +56,8 @@ def test_reward_rises_and_no_trained_trajectory_is_staler_than_eta(run: Path) ->
 
 
 def test_run_directory_holds_config_metrics_tensorboard_plots_and_checkpoint(run: Path) -> None:
-    assert load_config([run / "config.yaml"]).rollout.staleness == 2
+    rollout = load_config([run / "config.yaml"]).rollout
+    assert (rollout.staleness, rollout.deadline.target) == (2, 1)
     for name in ("metrics.jsonl", "staleness.jsonl", "buffers.jsonl", "summary.json"):
         assert (run / name).stat().st_size > 0, name
     assert list(run.glob("**/events.out.tfevents.*"))
