@@ -33,8 +33,10 @@ def test_two_engine_actors_and_two_ranks_learn_within_the_bound(
             "run.live=false",
             "run.eval_prompts=60",
             "run.plots=false",
-            "--max-head-offpolicyness",
+            "--rollout.staleness",
             "2",
+            "--max-head-offpolicyness",  # AReaL's admission bound: the deadline policy's η_s
+            "1",
             f"engine.cache_dir={tmp_path_factory.mktemp('models')}",
         ]
     )
