@@ -19,7 +19,7 @@ The corrections, all switchable (see :class:`~stalebound.train.config.TrainConfi
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
@@ -121,8 +121,15 @@ def rejection_mask(
     raise ConfigError(f"rejection={level!r}: use none, token or sequence")
 
 
+class FlatStats:
+    """Statistics of a dataclass as a flat mapping of floats (metrics files and TensorBoard)."""
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(cast(Any, self)).items()}
+
+
 @dataclass(frozen=True)
-class PolicyLossStats:
+class PolicyLossStats(FlatStats):
     """What one policy-loss evaluation measured (floats, detached).
 
     ``ratio_*`` describe ρ = π_θ / π_behav, current weights against the behaviour policy, over the
@@ -145,10 +152,6 @@ class PolicyLossStats:
     behaviour_weight_mean: float
     kl_behaviour: float
     entropy: float
-
-    def as_dict(self) -> dict[str, float]:
-        """The statistics as a flat mapping."""
-        return {k: float(v) for k, v in asdict(self).items()}
 
 
 def _masked_mean(x: Tensor, m: Tensor) -> Tensor:

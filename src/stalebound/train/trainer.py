@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from stalebound.tasks.base import Trajectory
 from stalebound.tasks.workflow import TokenizerLike
 from stalebound.train.config import TrainConfig
 from stalebound.train.losses import (
+    FlatStats,
     PolicyLossStats,
     group_advantages,
     loglinear_proximal_logprobs,
@@ -53,7 +54,7 @@ PublishHook = Callable[[dict[str, Tensor], int], None]
 
 
 @dataclass(frozen=True)
-class StepStats:
+class StepStats(FlatStats):
     """What one training step did. Staleness is ``batch_version − version`` of each trained token
     (``staleness_*``) and of each trajectory's V_traj (``traj_staleness_*``)."""
 
@@ -89,10 +90,6 @@ class StepStats:
     traj_staleness_max: int
     grad_norm: float
     step_time_s: float
-
-    def as_dict(self) -> dict[str, float]:
-        """The statistics as a flat mapping (for metrics files and TensorBoard)."""
-        return {k: float(v) for k, v in asdict(self).items()}
 
 
 @dataclass
