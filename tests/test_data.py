@@ -197,3 +197,22 @@ def test_rows_found_bad_after_the_check_are_skipped_and_counted(tmp_path: Path) 
     s.check()
     assert [r.answer for r in s] == [r["answer"] for r in ROWS[:6]]
     assert s.skipped == 1
+
+
+def test_a_row_reads_as_a_mapping_of_its_columns(tmp_path: Path) -> None:
+    from stalebound.tasks.dataset import _sample
+
+    rows = [{"question": "Hi,\nTom?", "answer": "7", "topic": "sum", "level": 2}]
+    cfg = DataConfig(path=str(write_jsonl(tmp_path / "d.jsonl", rows)), shuffle=False)
+    stream = RowStream(cfg, seed=0)
+    stream.check()
+    row = _sample(next(iter(stream)))
+    assert (row["answer"], row["topic"], row["level"], row["prompt"]) == (
+        "7",
+        "sum",
+        2,
+        "Hi,\nTom?",
+    )
+    assert row.get("missing", 0) == 0 and row["id"] == row.id
+    with pytest.raises(KeyError):
+        row["missing"]

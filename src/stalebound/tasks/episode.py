@@ -44,6 +44,25 @@ class Sample:
     answer: str
     data: Mapping[str, Any] = field(default_factory=dict)
 
+    def __getitem__(self, key: str) -> Any:
+        """The row read as a mapping: a dataset's column (``row["answer"]``, ``row["topic"]``),
+        ``row["prompt"]`` (the text or the chat messages), else a field of ``data`` or of the
+        sample itself (``id``, ``question``, ``answer``). A missing name is a ``KeyError``."""
+        columns = self.data.get("columns", {})
+        if key in columns:
+            return columns[key]
+        if key in self.data:
+            return self.data[key]
+        if key in ("id", "question", "answer"):
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
 
 @dataclass(frozen=True)
 class Turn:
