@@ -121,6 +121,35 @@ def test_strings_operations() -> None:
     assert partial.reward(s, "cbx") == pytest.approx(0.5 * 2 / 3)
 
 
+def test_the_longtail_workload_has_a_heavy_tail_of_answer_lengths() -> None:
+    from stalebound.config import BENCH_RECIPE, TRAIN_RECIPE, load_config
+
+    cfg = load_config([TRAIN_RECIPE, BENCH_RECIPE.with_name("bench-longtail.yaml")])
+    task = make_task(cfg.task)
+    samples = task.samples()
+    # reference responses in tokens: one per character (the charset tokenizer) and the end token
+    lengths = sorted(len(s.answer) + 1 for s in samples)
+    median, p99 = lengths[len(lengths) // 2], lengths[int(0.99 * len(lengths))]
+    print(f"longtail answers: median {median}, p99 {p99}, max {lengths[-1]} tokens")
+    assert p99 >= 15 * median
+    assert 100 <= lengths[-1] <= cfg.task.max_new_tokens
+    assert all(s.answer == s.data["word"] and s.question == f"copy {s.answer}" for s in samples)
+    assert task.difficulty(samples[0]) == len(samples[0].answer)  # the default: answer length
+
+
+def test_strings_lognormal_lengths_are_bounded() -> None:
+    cfg = TaskConfig(name="strings", strings=StringsConfig(lengths="lognormal", max_length=201))
+    with pytest.raises(ConfigError) as e:
+        make_task(cfg)
+    assert str(e.value) == (
+        "task.strings.min_length=1, max_length=201: need 1 <= min_length <= max_length <= 200 "
+        "(lengths=lognormal)"
+    )
+    uniform = TaskConfig(name="strings", strings=StringsConfig(max_length=17))
+    with pytest.raises(ConfigError, match="max_length <= 16 "):
+        make_task(uniform)
+
+
 def test_every_prompt_and_answer_fits_the_charset() -> None:
     allowed = set(CHARSET)
     for name in ("arithmetic", "strings", "calculator"):

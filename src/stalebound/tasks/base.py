@@ -74,6 +74,12 @@ class Task(abc.ABC):
         credit if the task documents one and ``config.partial_credit`` is on; else 0.0."""
 
     # -- defaults ------------------------------------------------------------------------------
+    def difficulty(self, sample: Sample) -> float:
+        """How hard ``sample`` is, on the task's own scale (larger is harder): what the data audit
+        (:mod:`stalebound.obs.audit`) buckets prompts by. By default the length of the reference
+        answer in characters; a task with a better measure overrides it."""
+        return float(len(sample.answer))
+
     def metrics(
         self, sample: Sample, response: str, *, truncated: bool = False
     ) -> dict[str, float]:

@@ -80,11 +80,21 @@ class StringsConfig:
 
     operations: tuple[str, ...] = ("reverse",)
     """Any of ``reverse``, ``sort`` (letters in alphabetical order), ``double`` (each letter
-    twice)."""
+    twice), ``copy`` (the word unchanged)."""
     min_length: int = 1
     """Shortest word."""
     max_length: int = 6
-    """Longest word (answers vary in length with it)."""
+    """Longest word (answers vary in length with it); at most 16, or 200 with ``lengths:
+    lognormal``."""
+    lengths: Literal["uniform", "lognormal"] = "uniform"
+    """How word lengths are drawn: ``uniform`` over ``min_length`` … ``max_length``, or
+    ``lognormal`` (``median_length · exp(sigma · Z)``, rounded and clipped to that range): a
+    heavy tail of long answers among mostly short ones, the long tail of generation lengths."""
+    median_length: float = field(default=2.0, metadata=bounds(gt=0, fix="e.g. 2 letters"))
+    """``lognormal`` only: the median word length in letters."""
+    sigma: float = field(default=1.4, metadata=bounds(gt=0, fix="e.g. 1.4"))
+    """``lognormal`` only: the standard deviation of the log length (1.4 with a median of 2 gives
+    a p99 answer about 17× the median answer, in tokens)."""
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The ``strings`` task: a word operation. ``reverse abc?`` → ``cba``, ``sort cab?`` → ``abc``,
 ``double ab?`` → ``aabb``. Words are random lowercase strings of ``min_length``…``max_length``
-letters, so answers vary in length.
+letters, so answers vary in length; with ``lengths: lognormal`` most words are short and a few
+are very long (``configs/bench-longtail.yaml``). ``copy`` repeats the word unchanged.
 
 Partial credit (``partial_credit`` on): a wrong answer earns ``0.5 × matching positions /
 max(len(answer), len(response))``, compared from the left; an empty answer 0.
@@ -8,6 +9,7 @@ max(len(answer), len(response))``, compared from the left; an empty answer 0.
 
 from __future__ import annotations
 
+import math
 import random
 import string
 from collections.abc import Callable
@@ -16,7 +18,11 @@ from stalebound.core.errors import ConfigError
 from stalebound.tasks.base import Sample, Task, Turn, register_task
 from stalebound.tasks.config import TaskConfig
 
-__all__ = ["OPERATIONS", "StringsTask"]
+__all__ = ["MAX_LOGNORMAL_LENGTH", "OPERATIONS", "StringsTask"]
+
+MAX_LOGNORMAL_LENGTH = 200
+"""The longest word ``lengths: lognormal`` may draw: prompt and answer together stay within the
+embedded model's 512 positions."""
 
 
 def _reverse(word: str) -> str:
@@ -27,11 +33,16 @@ def _sort(word: str) -> str:
     return "".join(sorted(word))
 
 
+def _copy(word: str) -> str:
+    return word
+
+
 def _double(word: str) -> str:
     return "".join(c + c for c in word)
 
 
 OPERATIONS: dict[str, Callable[[str], str]] = {
+    "copy": _copy,
     "reverse": _reverse,
     "sort": _sort,
     "double": _double,
@@ -53,10 +64,11 @@ class StringsTask(Task):
                 f"task.strings.operations={list(c.operations)!r}: use a non-empty list of "
                 f"{sorted(OPERATIONS)}"
             )
-        if not 1 <= c.min_length <= c.max_length <= 16:
+        longest = MAX_LOGNORMAL_LENGTH if c.lengths == "lognormal" else 16
+        if not 1 <= c.min_length <= c.max_length <= longest:
             problems.append(
                 f"task.strings.min_length={c.min_length}, max_length={c.max_length}: need "
-                "1 <= min_length <= max_length <= 16"
+                f"1 <= min_length <= max_length <= {longest} (lengths={c.lengths})"
             )
         if problems:
             raise ConfigError(problems)
@@ -64,7 +76,11 @@ class StringsTask(Task):
     def generate(self, rng: random.Random, index: int) -> Sample:
         c = self.config.strings
         op = rng.choice(list(c.operations))
-        n = rng.randint(c.min_length, c.max_length)
+        if c.lengths == "lognormal":
+            drawn = round(c.median_length * math.exp(c.sigma * rng.gauss(0.0, 1.0)))
+            n = min(c.max_length, max(c.min_length, drawn))
+        else:
+            n = rng.randint(c.min_length, c.max_length)
         word = "".join(rng.choice(string.ascii_lowercase) for _ in range(n))
         return Sample(str(index), f"{op} {word}", OPERATIONS[op](word), {"op": op, "word": word})
 
