@@ -105,3 +105,35 @@ def test_bench_refuses_bounds_that_do_not_pair_before_writing_anything(
     assert main(["bench", *flags, "--json"]) == 2
     assert capsys.readouterr().err == message
     assert planned == [] and list(tmp_path.iterdir()) == []
+
+
+def test_bench_longtail_workload_takes_its_file_in_place_of_the_bench_recipe(
+    planned: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--workload", "longtail", "--policy", "sync", "capacity", "--json"]) == 0
+    [call] = planned
+    assert call["policies"] == ["sync", "capacity"]
+    task = call["base"].task
+    assert (task.name, task.strings.lengths, task.reward_latency.distribution) == (
+        "strings",
+        "lognormal",
+        "none",
+    )
+    assert main(["bench", "--json"]) == 0
+    assert planned[1]["base"].task.reward_latency.distribution == "lognormal"
+
+
+def test_bench_refuses_an_unknown_workload(
+    planned: list[dict[str, Any]], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["bench", "--workload", "huge", "--json"]) == 2
+    assert capsys.readouterr().err == (
+        "stalebound bench: --workload huge: not a bench workload; use one of default, longtail, "
+        "e.g. --workload longtail\n"
+    )
+    assert planned == [] and list(tmp_path.iterdir()) == []
+
+
+def test_bench_sync_is_capacity_at_eta_zero_whatever_the_bound(tmp_path: Path) -> None:
+    sync = bench.policy_config(load_config([]), "sync", 4, tmp_path)
+    assert (sync.rollout.staleness_policy, sync.rollout.staleness) == ("capacity", 0)

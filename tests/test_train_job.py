@@ -189,6 +189,40 @@ def test_the_audit_accounts_for_every_prompt_and_catches_a_tampered_ledger(
     assert "1 counted twice" in capsys.readouterr().out
 
 
+def test_the_data_audit_adds_up_to_the_ledger(
+    run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stalebound.obs.audit import DATA_AUDIT_PNG, data_audit
+    from stalebound.train.ledger import audit_run
+
+    ledger, audit = audit_run(run), data_audit(run)
+    buckets = audit.buckets
+    assert audit.offered == ledger.taken == sum(b.offered for b in buckets)
+    assert audit.trained == ledger.trained == sum(b.trained for b in buckets)
+    for b in [*buckets, audit]:  # offered = trained + ended + pending, bucket by bucket
+        assert b.offered == b.trained + sum(b.ended.values()) + b.pending
+    # what ended after the last ledger line is pending to the data audit
+    assert sum(audit.ended.values()) + audit.pending == sum(ledger.ended.values()) + ledger.pending
+    # every trained item in exactly one bucket, each bucket named by its difficulty
+    trained = [
+        i
+        for line in (run / "ledger.jsonl").read_text().splitlines()
+        for i in json.loads(line)["trained"]
+    ]
+    assert len(trained) == len(set(trained)) == sum(b.trained for b in buckets)
+    assert [b.bucket for b in buckets] == ["1", "2–3"]  # one-digit sums: 1 or 2 characters
+    assert sum(b.trajectories for b in buckets) == 40 * 32 and audit.ks is not None
+    assert [s for s, _ in audit.length_by_step] == list(range(1, 41))
+    assert sum(b.offered_share for b in buckets) == pytest.approx(1.0)
+    assert json.loads((run / "summary.json").read_text())["data_audit"] == json.loads(
+        json.dumps(audit.to_json())
+    )
+    assert main(["audit", "--data", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "data audit: KS(generated, trained lengths)" in out and f"{audit.offered}" in out
+    assert (run / DATA_AUDIT_PNG).stat().st_size > 0
+
+
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [

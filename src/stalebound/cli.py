@@ -47,10 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
             "Check a run's lineage against its newest checkpoint: every item the executor took "
             "in is trained, ended (filtered, failed, dropped, ...) or pending in the checkpoint "
             "exactly once, and its records (metrics.jsonl, staleness.jsonl, buffers.jsonl, "
-            "ledger.jsonl) hold each step once. Exits 1 when not."
+            "ledger.jsonl) hold each step once. Exits 1 when not. With --data: the data audit "
+            "instead (docs/audit.md), what was trained against what was offered, as a table "
+            "and data_audit.png."
         ),
     )
     audit.add_argument("run_dir", help="a run directory with a checkpoint")
+    audit.add_argument(
+        "--data", action="store_true", help="audit the trained data against the offered"
+    )
     audit.set_defaults(func=_audit)
 
     from stalebound.obs.cli import register as register_plot
@@ -118,6 +123,10 @@ def _audit(args: argparse.Namespace) -> int:
         )
         if problem:
             raise ConfigError(problem)
+        if args.data:
+            from stalebound.obs.audit import print_data_audit
+
+            return print_data_audit(args.run_dir)
         audit = audit_run(args.run_dir)
     except StaleboundError as e:
         print(f"stalebound audit: {e}", file=sys.stderr)

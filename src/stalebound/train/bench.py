@@ -2,8 +2,11 @@
 
 Every run uses the same config, seed, warm start and prompts; only η changes (η = 0 is synchronous
 training: no rollout starts before the trainer has consumed the batch it belongs to). The config is
-the train recipe, then ``configs/bench.yaml`` (a reward verifier with a heavy-tailed latency, the
-long tail asynchronous training exists for), then the command line.
+the train recipe, then the workload's file — ``configs/bench.yaml`` (a reward verifier with a
+heavy-tailed latency, the long tail asynchronous training exists for) or, with ``--workload
+longtail``, ``configs/bench-longtail.yaml`` (heavy-tailed generation lengths) — then the command
+line. Each row also carries the run's data audit (:mod:`stalebound.obs.audit`): how far the trained
+data drifted from what was offered.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from stalebound.config import (
 )
 from stalebound.core.deadline import deadline_bounds
 from stalebound.core.errors import ConfigError
+from stalebound.obs.audit import data_audit
 from stalebound.obs.records import load_run
 from stalebound.train.preflight import default_run_dir
 from stalebound.train.recipe import run_training
@@ -34,19 +38,32 @@ from stalebound.train.recipe import run_training
 __all__ = ["main", "run_bench"]
 
 HELP = """usage: stalebound bench [CONFIG.yaml ...] [key=value ...] [--staleness 0 1 2 4]
-                        [--target N] [--policy buffer capacity deadline] [--json]
+                        [--target N] [--policy sync buffer capacity deadline]
+                        [--workload default|longtail] [--json]
 
 Trains the same workload once per staleness bound (and per policy, side by side) and prints time
 to the target reward (run.target_reward), trajectories/s, trainer and engine idle fractions, final
-reward, mean and max staleness, violations, truncated and wasted fractions. --staleness is the
+reward, mean and max staleness, violations, truncated and wasted fractions, and the data audit's
+headline (KS distance between generated and trained response lengths, the worst difficulty
+bucket's trained/offered share ratio, the prompts never trained). --staleness is the
 hard bound η_h (rollout.staleness) for every policy; --target is the deadline policy's soft
 admission target η_s (rollout.deadline.target, default η_h // 2). --soft-staleness N keeps the
-former meaning of --staleness for one more release (deadline at η_s = N, η_h = 2N). The workload
-is the train recipe plus configs/bench.yaml: rewards from a verifier with a heavy-tailed latency
-(task.reward_latency.distribution=none turns it off)."""
+former meaning of --staleness for one more release (deadline at η_s = N, η_h = 2N). The policy
+sync is synchronous training (capacity at η_h = 0), run once whatever --staleness says. The
+workload is the train recipe plus configs/bench.yaml: rewards from a verifier with a heavy-tailed
+latency (task.reward_latency.distribution=none turns it off); --workload longtail takes
+configs/bench-longtail.yaml instead: heavy-tailed generation lengths (a strings task copying
+log-normal words, p99 answer ~17× the median), rewards at once."""
 
 Policy = Literal["buffer", "capacity", "deadline"]
 POLICIES: tuple[Policy, ...] = get_args(Policy)
+SYNC = "sync"
+"""Synchronous training, as a bench policy: ``capacity`` at η_h = 0."""
+WORKLOADS = {
+    "default": BENCH_RECIPE,
+    "longtail": BENCH_RECIPE.with_name("bench-longtail.yaml"),
+}
+"""What ``--workload`` names: the file put on top of the train recipe."""
 
 
 def policy_config(
@@ -55,7 +72,9 @@ def policy_config(
     """``base`` run under ``policy`` at the hard bound η_h = ``eta`` (``deadline`` at the
     config's soft target, by default η_h // 2), written to ``run_dir``. With ``soft``, ``eta``
     has the former meaning of ``--staleness``: for ``deadline`` the soft target η_s, with the
-    hard bound η_h = 2·``eta``."""
+    hard bound η_h = 2·``eta``. ``sync`` is ``capacity`` at η_h = 0, whatever ``eta``."""
+    if policy == SYNC:
+        policy, eta = "capacity", 0
     name = next((p for p in POLICIES if p == policy), None)
     if name is None:
         raise ConfigError(f"policy={policy!r}: not a staleness policy; use one of {POLICIES}")
@@ -88,7 +107,11 @@ def run_figures(run_dir: Path) -> dict[str, float | None]:
     mean_length = trained_tokens / trajectories if trajectories else 0.0
     aborted = float(last.get("aborted_tokens", 0.0)) + discarded * mean_length
     generated = trained_tokens + aborted
+    audit = data_audit(run_dir)
     return {
+        "audit_ks": audit.ks,
+        "audit_worst_share_ratio": audit.worst_share_ratio,
+        "audit_never_trained_fraction": audit.never_trained_fraction,
         "mean_staleness": data.staleness_histogram().mean,
         "truncated_fraction": (
             float(last.get("truncated_trajectories", 0.0)) / trajectories if trajectories else 0.0
@@ -112,8 +135,10 @@ def run_bench(
     names = [base.rollout.staleness_policy] if policies is None else list(policies)
     runs: list[dict[str, object]] = []
     for policy in names:
-        for eta in staleness:
-            where = out_dir / (f"eta{eta}" if len(names) == 1 else f"{policy}-eta{eta}")
+        for eta in [0] if policy == SYNC else staleness:
+            where = out_dir / (
+                f"eta{eta}" if len(names) == 1 else SYNC if policy == SYNC else f"{policy}-eta{eta}"
+            )
             cfg = policy_config(base, policy, eta, where, soft=soft)
             r = run_training(cfg, console=quiet)
             hard = cfg.rollout.staleness
@@ -125,7 +150,7 @@ def run_bench(
                         if policy == "deadline"
                         else hard
                     ),
-                    "policy": r.policy,
+                    "policy": SYNC if policy == SYNC else r.policy,
                     "time_to_target_s": r.time_to_target_s,
                     "trajectories_per_s": r.trajectories_per_s,
                     "final_reward": r.reward_last,
@@ -159,6 +184,9 @@ def _table(runs: list[dict[str, object]], target: float) -> Table:
         "violations",
         "truncated",
         "wasted tokens",
+        "length KS",
+        "worst bucket",
+        "never trained",
     ):
         t.add_column(col, justify="right")
     for r in runs:
@@ -189,8 +217,15 @@ def _table(runs: list[dict[str, object]], target: float) -> Table:
             str(r["violations"]),
             f"{r['truncated_fraction']:.1%}",
             f"{r['wasted_token_fraction']:.1%}",
+            _figure(r["audit_ks"], ".3f"),
+            _figure(r["audit_worst_share_ratio"], ".2f"),
+            _figure(r["audit_never_trained_fraction"], ".1%"),
         )
     return t
+
+
+def _figure(value: object, fmt: str) -> str:
+    return format(value, fmt) if isinstance(value, float | int) else "–"
 
 
 def _ints(args: list[str], flag: str) -> tuple[list[int] | None, list[str]]:
@@ -240,6 +275,20 @@ def _bounds(
     return (soft or hard or [0, 1, 2, 4]), (target[0] if target else None), soft is not None, args
 
 
+def _workload(args: list[str]) -> tuple[str, list[str]]:
+    """``--workload NAME`` (default ``default``) and the other arguments."""
+    if "--workload" not in args:
+        return "default", args
+    i = args.index("--workload")
+    name = args[i + 1] if i + 1 < len(args) else "(nothing)"
+    if name not in WORKLOADS:
+        raise ConfigError(
+            f"--workload {name}: not a bench workload; use one of {', '.join(WORKLOADS)}, e.g. "
+            "--workload longtail"
+        )
+    return name, args[:i] + args[i + 2 :]
+
+
 def main(argv: Sequence[str]) -> int:
     args = list(argv)
     if any(a in ("-h", "--help") for a in args):
@@ -257,7 +306,7 @@ def main(argv: Sequence[str]) -> int:
         i = args.index("--policy")
         j = i + 1
         while j < len(args) and not args[j].startswith("-") and "=" not in args[j]:
-            if args[j] not in POLICIES:
+            if args[j] not in (SYNC, *POLICIES):
                 break
             j += 1
         if j == i + 1 or (
@@ -269,16 +318,17 @@ def main(argv: Sequence[str]) -> int:
             bad = args[j] if j < len(args) else "(nothing)"
             print(
                 f"stalebound bench: --policy {bad}: not a policy; name one or more of "
-                f"{', '.join(POLICIES)}, e.g. --policy capacity deadline",
+                f"{', '.join((SYNC, *POLICIES))}, e.g. --policy capacity deadline",
                 file=sys.stderr,
             )
             return 2
         policies, args = args[i + 1 : j], args[:i] + args[j:]
     try:
+        workload, args = _workload(args)
         paths, overrides = parse_cli_overrides(args)
         if target is not None:
             overrides = [*overrides, f"rollout.deadline.target={target}"]
-        cfg = load_config([TRAIN_RECIPE, BENCH_RECIPE, *paths], overrides)
+        cfg = load_config([TRAIN_RECIPE, WORKLOADS[workload], *paths], overrides)
         deadline = "deadline" in (policies or [cfg.rollout.staleness_policy])
         if deadline and not soft:
             for eta in staleness:  # each run's pair, before any run writes anything

@@ -46,6 +46,7 @@ from stalebound.core.policy import BufferBacked
 from stalebound.engines.devices import resolve_device
 from stalebound.engines.models import load_model, load_tokenizer
 from stalebound.engines.protocol import SamplingParams
+from stalebound.obs.audit import ItemLog, OfferedLoader, data_audit
 from stalebound.obs.live import LiveView, phase, summary_table
 from stalebound.obs.loggers import open_loggers
 from stalebound.obs.metrics import RunLogger
@@ -325,6 +326,9 @@ class TrainRecipe:
         self._on_failure.append(("the metrics", self.logger.close))
         self.ledger = ItemLedger(run_dir, resume_step=resume_step)
         self._closers.append(("the item ledger", self.ledger.close))
+        self.items = ItemLog(run_dir, self.task.difficulty, append=bool(resume_step))
+        self._closers.append(("the item log", self.items.close))
+        self.offered = OfferedLoader(self.order, self.items)
         if recorder is not None:
             self._closers.append(("the episode trace", self.workflow.close_trace))
         self.view = LiveView(
@@ -484,7 +488,7 @@ class TrainRecipe:
                 break
             t0 = time.monotonic()
             try:
-                batch = executor.prepare_batch(self.order, self.workflow)
+                batch = executor.prepare_batch(self.offered, self.workflow)
             except DataExhausted as exc:
                 self._data_used_up(exc)
                 break
@@ -503,6 +507,7 @@ class TrainRecipe:
             progress.step = step
             progress.trained += len(batch)
             self.ledger.record(step, (t.sample_index for t in batch), executor.drain_outcomes())
+            self.items.trained(step, ((t.sample_index, t.data) for t in batch))
             elapsed = time.monotonic() - start
             metrics = {k: v for k, v in stats.as_dict().items() if k not in ("version", "step")}
             rewards = progress.rewards
@@ -600,7 +605,10 @@ class TrainRecipe:
             time_to_target_s=progress.time_to_target,
             warm_start_s=self.warm_start_s,
         )
-        summary = json.dumps(dataclasses.asdict(result), indent=2)
+        audit = data_audit(run_dir)
+        summary = json.dumps(
+            {**dataclasses.asdict(result), "data_audit": audit.to_json()}, indent=2
+        )
         atomic_write_text(run_dir / "summary.json", summary)
         self.console.print(
             f"[bold]reward {result.reward_first:.3f} → {result.reward_last:.3f}[/], greedy "
