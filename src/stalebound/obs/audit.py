@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stalebound.core.errors import ConfigError
-from stalebound.obs.records import read_jsonl
+from stalebound.obs.records import LEDGER_FILE, read_jsonl
 from stalebound.obs.trace import read_run_trace
 
 __all__ = [
@@ -219,8 +219,6 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def data_audit(run_dir: str | Path) -> DataAudit:
     """The data audit of ``run_dir`` (module docstring), up to the last step of its ledger."""
-    from stalebound.train.ledger import LEDGER_FILE
-
     root = Path(run_dir)
     ledger = {int(r["step"]): r for r in read_jsonl(root / LEDGER_FILE)}  # a resume's lines win
     last = max(ledger, default=0)
@@ -422,8 +420,6 @@ def print_data_audit(run_dir: str | Path) -> int:
     ``obs`` extra is installed). Raises :class:`~stalebound.core.errors.ConfigError` for a
     directory with no ledger."""
     from rich.console import Console
-
-    from stalebound.train.ledger import LEDGER_FILE
 
     if not (Path(run_dir) / LEDGER_FILE).is_file():
         raise ConfigError(

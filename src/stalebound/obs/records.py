@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUFFERS_FILE",
+    "LEDGER_FILE",
     "METRICS_FILE",
     "RESERVED_KEYS",
     "STALENESS_FILE",
@@ -60,6 +61,8 @@ log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 STALENESS_FILE = "staleness.jsonl"
 BUFFERS_FILE = "buffers.jsonl"
+LEDGER_FILE = "ledger.jsonl"
+"""The item ledger ``stalebound train`` writes (:mod:`stalebound.train.ledger`)."""
 
 StepMetrics = Mapping[str, float]
 """One training step's metrics: flat names to numbers (``reward_mean``, ``clip_frac``, ...)."""

@@ -27,6 +27,7 @@ from stalebound.core import ConfigError, StaleboundError
 from stalebound.core.checks import is_integral
 from stalebound.obs.records import (
     BUFFERS_FILE,
+    LEDGER_FILE,
     METRICS_FILE,
     STALENESS_FILE,
     numbered_jsonl,
@@ -37,8 +38,6 @@ from stalebound.train.checkpoint import open_checkpoint
 from stalebound.userfiles import json_line, read_lines
 
 __all__ = ["LEDGER_FILE", "Audit", "ItemLedger", "audit_run", "record_problems"]
-
-LEDGER_FILE = "ledger.jsonl"
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
