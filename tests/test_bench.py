@@ -81,6 +81,32 @@ def test_bench_rejects_a_staleness_flag_without_values(capsys: pytest.CaptureFix
     assert "--staleness needs integers, e.g. --staleness 0 2" in capsys.readouterr().err
 
 
+def test_bench_longtail_runs_sync_beside_a_policy_with_the_data_audit_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, runs = bench_json(
+        tmp_path,
+        capsys,
+        "--workload",
+        "longtail",
+        "--policy",
+        "sync",
+        "deadline",
+        "--staleness",
+        "2",
+    )
+    assert [(r["policy"], r["staleness"]) for r in runs] == [("sync", 0), ("deadline", 2)]
+    for r, where in zip(runs, ("sync", "deadline-eta2"), strict=True):
+        cfg = load_config([out / where / "config.yaml"])
+        assert (cfg.task.name, cfg.task.strings.lengths) == ("strings", "lognormal")
+        audit = json.loads((out / where / "summary.json").read_text())["data_audit"]
+        assert r["audit_ks"] == audit["ks"] and 0 <= r["audit_ks"] <= 1
+        assert r["audit_never_trained_fraction"] == audit["never_trained_fraction"]
+        assert r["audit_worst_share_ratio"] == audit["worst_share_ratio"]
+    # synchronous training ends nothing untrained: every decided prompt is trained
+    assert runs[0]["audit_never_trained_fraction"] == 0.0
+
+
 def test_bench_runs_policies_side_by_side_with_their_staleness_and_waste(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -108,4 +134,4 @@ def test_bench_rejects_an_unknown_policy(
 ) -> None:
     assert main(["bench", *args]) == 2
     err = capsys.readouterr().err
-    assert "not a policy; name one or more of buffer, capacity, deadline" in err
+    assert "not a policy; name one or more of sync, buffer, capacity, deadline" in err
