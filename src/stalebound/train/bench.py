@@ -351,5 +351,5 @@ def main(argv: Sequence[str]) -> int:
     if as_json:
         print(json.dumps({"runs": runs}))
     else:
-        Console(width=160).print(_table(runs, cfg.run.target_reward))
+        Console(width=200).print(_table(runs, cfg.run.target_reward))
     return 0
