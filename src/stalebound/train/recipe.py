@@ -145,6 +145,7 @@ class TrainRecipe:
         self._stop_sampling = threading.Event()
         self._start = 0.0
         self._saved_step = -1  # the step of the newest checkpoint this process wrote
+        self._publish_s = 0.0  # seconds this step spent publishing its weights to the engines
 
     def run(self) -> TrainResult:
         """The whole job: :meth:`setup`, :meth:`load_checkpoint`, :meth:`train`, and
@@ -340,6 +341,13 @@ class TrainRecipe:
         )
 
     def _publish(self, state_dict: Any, version: int) -> None:
+        started = time.monotonic()
+        try:
+            self._send_weights(state_dict, version)
+        finally:
+            self._publish_s += time.monotonic() - started
+
+    def _send_weights(self, state_dict: Any, version: int) -> None:
         source: Any = state_dict
         if self._engines is not None and self._engines.weights_on_disk:
             # servers reload from a directory: write it atomically, keep the last two
@@ -502,6 +510,7 @@ class TrainRecipe:
                 groups.setdefault(t.group_id, []).append(traj)
                 staleness.append(t.staleness)
             t1 = time.monotonic()
+            self._publish_s = 0.0
             stats = self.trainer.step(list(groups.values()), batch_version=consumed_version)
             t2 = time.monotonic()
             progress.step = step
@@ -520,8 +529,10 @@ class TrainRecipe:
             metrics.update(
                 trajectories_per_s=progress.trained / elapsed,
                 trainer_idle_fraction=progress.waited / elapsed,
+                wait_start_s=t0 - start,
                 wait_s=t1 - t0,
                 step_and_publish_s=t2 - t1,
+                publish_s=self._publish_s,
                 checkpoint_s=checkpoint_s,
                 engine_idle_fraction=engine.idle_fraction(),
                 **executor_metrics(es),
