@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     from stalebound.obs.cli import register as register_plot
 
     register_plot(sub)
+    from stalebound.obs import doctor
+
+    doctor.register(sub)
     from stalebound.engines import vllm_server
 
     vllm_server.register(sub)
