@@ -223,7 +223,7 @@ def test_a_resumed_run_is_diagnosed_as_one_history_from_the_cli(
     assert main(["train", f"resume={run}", "run.steps=6", "run.live=false"]) == 0
     capsys.readouterr()
 
-    assert main(["doctor", str(run), "--json"]) == 0
+    assert main(["doctor", str(run), "--json", "--predict"]) == 0
     report = json.loads(capsys.readouterr().out)
 
     d = diagnose(run)
@@ -232,5 +232,8 @@ def test_a_resumed_run_is_diagnosed_as_one_history_from_the_cli(
     assert "start-up" in d.steps[4].trainer  # the resumed first step waits from nothing again
     assert report["largest"] == d.largest == "admission bound"
     assert report["setting"] == CAUSES["admission bound"].setting
+    predicted = report["predicted_gain"]  # the simulator calibrated on the run, at η = 1
+    assert predicted["change"] == "rollout.staleness=1 rollout.deadline.target=1"
+    assert predicted["gain"] > 0
     assert (run / DOCTOR_PNG).stat().st_size > 0
     assert_sums_hold(d)
