@@ -141,6 +141,14 @@ def test_each_interval_of_idle_time_gets_the_cause_its_definition_gives(tmp_path
     assert_sums_hold(d)
 
 
+def test_a_run_recorded_before_the_step_start_was_logged_is_placed_by_its_rate() -> None:
+    # the recorded calibration run has no wait_start_s: trained ÷ trajectories/s ends each step
+    d = diagnose(Path(__file__).parent / "data" / "calibration-run")
+    assert [s.step for s in d.steps] == list(range(1, 21))
+    assert_sums_hold(d)
+    assert abs(d.engines["unexplained"]) < 0.01 * d.engine_idle_s  # the clocks agree
+
+
 def test_a_run_without_the_step_timing_is_one_error_naming_the_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -150,8 +158,8 @@ def test_a_run_without_the_step_timing_is_one_error_naming_the_fix(
     assert main(["doctor", str(old)]) == 2
     assert capsys.readouterr().err == (
         f"stalebound doctor: run_dir={str(old)!r}: step 1 of metrics.jsonl has no "
-        "wait_start_s; the doctor reads runs of stalebound train from this version on: train the "
-        "run again\n"
+        "wait_start_s; the doctor reads the step timing stalebound train records: give a run "
+        "directory it wrote\n"
     )
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -197,6 +205,16 @@ def test_a_tight_admission_bound_is_named_the_largest_cause(tight: Path) -> None
     assert d.largest == "admission bound", d.trainer
     assert d.engines_largest == "admission bound", d.engines
     assert_sums_hold(d)
+
+
+def test_the_table_names_the_largest_cause_and_its_setting(
+    tight: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["doctor", str(tight), "--steps", "--no-plot"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps the lines
+    assert "largest cause of the trainer's idle time: admission bound" in out
+    assert f"the setting that moves it: {CAUSES['admission bound'].setting}" in out
+    assert "no predicted gain: pass --predict to simulate it on the run's calibration" in out
 
 
 def test_a_slow_publication_is_named_the_largest_cause(

@@ -226,6 +226,10 @@ def _largest(causes: Mapping[str, float]) -> str | None:
     return max(movable, key=lambda k: movable[k]) if movable else None
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _r(x: float) -> float:
     return round(x, 6)
 
@@ -252,20 +256,31 @@ class _Step:
 
 
 def _steps(rows: Sequence[Mapping[str, Any]], run_dir: str) -> list[_Step]:
-    need = ("wait_start_s", "wait_s", "step_and_publish_s")
     steps: list[_Step] = []
     previous: Mapping[str, Any] = {}
+    trained = 0.0
     for row in rows:
-        missing = [k for k in need if not isinstance(row.get(k), int | float)]
-        if missing:
+        trained += _number(row.get("num_trajectories")) or 0.0
+        rate = _number(row.get("trajectories_per_s"))
+        start = _number(row.get("wait_start_s"))
+        wait, both = _number(row.get("wait_s")), _number(row.get("step_and_publish_s"))
+        if start is None and rate and wait is not None and both is not None:
+            # a run recorded before wait_start_s: the rate is cumulative from the run's start,
+            # so trained ÷ rate is the step's end (the calibration reads it the same way)
+            start = trained / rate - both - wait
+        if start is None or wait is None or both is None:
+            missing = [
+                k
+                for k in ("wait_start_s", "wait_s", "step_and_publish_s")
+                if _number(row.get(k)) is None
+            ]
             raise ConfigError(
                 f"run_dir={run_dir!r}: step {row.get('step')} of metrics.jsonl has no "
-                f"{', '.join(missing)}; the doctor reads runs of stalebound train from this "
-                "version on: train the run again"
+                f"{', '.join(missing)}; the doctor reads the step timing stalebound train "
+                "records: give a run directory it wrote"
             )
-        start = float(row["wait_start_s"])
-        wait_end = start + float(row["wait_s"])
-        end = wait_end + float(row["step_and_publish_s"])
+        wait_end = start + wait
+        end = wait_end + both
         publish = row.get("publish_s")
         if not isinstance(publish, int | float):
             publish = max(0.0, float(row["step_and_publish_s"]) - float(row.get("step_time_s", 0)))
