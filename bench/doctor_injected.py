@@ -92,7 +92,9 @@ def main() -> None:
             idle = sum(v for k, v in d.trainer.items() if k not in ("start-up", "unexplained"))
             largest = d.largest or "none (trainer-bound)"
             share = f"{d.trainer[d.largest] / idle:.2f}" if d.largest and idle else "–"
-            injected = f"{min(1.0, delay * (args.steps - 1) / idle):.2f}" if delay and idle else "–"
+            # every step publishes; the first step's reward wait is its start-up
+            paid = args.steps if name.startswith("publication") else args.steps - 1
+            injected = f"{min(1.0, delay * paid / idle):.2f}" if delay and idle else "–"
             prediction = predict_gain(run, d.largest) if d.largest else None
             gain = f"{prediction.change}: {prediction.gain:+.0%}" if prediction else "–"
             print(f"| {name} | {largest} | {share} | {injected} | {gain} |", flush=True)

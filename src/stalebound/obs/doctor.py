@@ -517,7 +517,8 @@ def plot_diagnosis(diagnosis: Diagnosis, out_dir: str | Path) -> Path:
         ax.grid(axis="y", alpha=0.3)
         ax.legend(loc="upper right", fontsize="x-small", ncol=2)
     largest = diagnosis.largest
-    top.set_title(f"idle time by cause; largest: {largest or 'none'}")
+    named = largest or "none (trainer-bound)"
+    top.set_title(f"idle time by cause; the trainer's largest: {named}")
     bottom.set_xlabel("training step")
     return _save(fig, Path(out_dir) / DOCTOR_PNG)
 
