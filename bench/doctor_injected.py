@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from stalebound.cli import main as stalebound
-from stalebound.obs.doctor import diagnose, predict_gain
+from stalebound.obs.doctor import diagnose
+from stalebound.sim.whatif import predict_gain
 from stalebound.train.recipe import TrainRecipe
 
 SHORT = Path(__file__).resolve().parent / "doctor_short.yaml"

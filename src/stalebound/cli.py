@@ -6,6 +6,10 @@ import argparse
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stalebound.obs.doctor import Prediction
 
 
 def _walkthrough(_: argparse.Namespace) -> int:
@@ -63,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_plot(sub)
     from stalebound.obs import doctor
 
-    doctor.register(sub)
+    doctor.register(sub, predictor=_predict_gain)
     from stalebound.engines import vllm_server
 
     vllm_server.register(sub)
@@ -170,6 +174,12 @@ EXTRAS = {
     "mlflow": "mlflow",
 }
 """The optional dependencies by the extra that installs them (pyproject.toml)."""
+
+
+def _predict_gain(run_dir: str, cause: str) -> Prediction | None:
+    from stalebound.sim.whatif import predict_gain  # loads the simulator: only when asked
+
+    return predict_gain(run_dir, cause)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -34,7 +34,6 @@ __all__ = [
     "Prediction",
     "diagnose",
     "plot_diagnosis",
-    "predict_gain",
     "register",
     "run_doctor",
 ]
@@ -540,36 +539,15 @@ class Prediction:
         return self.throughput / self.baseline - 1 if self.baseline > 0 else 0.0
 
 
-def predict_gain(run_dir: str | Path, cause: str) -> Prediction | None:
-    """Calibrate the simulator on ``run_dir`` (:mod:`stalebound.sim.calibrate`) and simulate
-    the run with the setting that moves ``cause`` changed: one step more ``rollout.staleness``
-    for the admission bound, rewards that take no time for the reward wait. ``None`` for the
-    causes the simulator does not model a setting of; ``ConfigError`` when the run cannot be
-    calibrated (fewer than 3 steps, say)."""
-    import dataclasses
-
-    from stalebound.sim.calibrate import calibrate, predict
-
-    if cause not in ("admission bound", "reward wait"):
-        return None
-    cal = calibrate(run_dir)
-    baseline = predict(cal).throughput
-    run = cal.run
-    if cause == "admission bound":
-        target = None if run.target is None else run.target + 1
-        result = predict(cal, policy=run.policy, staleness=run.staleness + 1, target=target)
-        change = f"rollout.staleness={run.staleness + 1}"
-        if target is not None:
-            change += f" rollout.deadline.target={target}"
-    else:
-        instant = tuple(1e-6 for _ in cal.reward_latencies)
-        result = predict(dataclasses.replace(cal, reward_latencies=instant))
-        change = "rewards that take no time (the most any reward setting gains)"
-    return Prediction(change, result.throughput, baseline)
+Predictor = Callable[[str, str], Prediction | None]
+"""``predictor(run_dir, cause)``: the simulator's figure for the setting that moves ``cause``
+(:func:`stalebound.sim.whatif.predict_gain`; the command line passes it in, so this layer does
+not load the simulator)."""
 
 
-def register(subparsers: Any) -> None:
-    """Add the ``doctor`` command to an ``argparse`` sub-parser collection."""
+def register(subparsers: Any, predictor: Predictor | None = None) -> None:
+    """Add the ``doctor`` command to an ``argparse`` sub-parser collection; ``--predict`` needs
+    ``predictor``."""
     parser = subparsers.add_parser(
         "doctor",
         help="split a run's idle time into causes and name the setting that moves the largest",
@@ -590,7 +568,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="calibrate the simulator on the run and predict the gain of the setting (slower)",
     )
-    parser.set_defaults(func=run_doctor)
+    parser.set_defaults(func=run_doctor, predictor=predictor)
 
 
 def run_doctor(args: Any) -> int:
@@ -617,10 +595,10 @@ def run_doctor(args: Any) -> int:
             print(f"stalebound doctor: no plot ({exc.strerror or exc})", file=sys.stderr)
     prediction: Prediction | None = None
     why = "pass --predict to simulate it on the run's calibration"
-    if args.predict and diagnosis.largest is not None:
+    if args.predict and diagnosis.largest is not None and args.predictor is not None:
         why = f"the simulator does not model a setting of {diagnosis.largest}"
         try:
-            prediction = predict_gain(args.run_dir, diagnosis.largest)
+            prediction = args.predictor(args.run_dir, diagnosis.largest)
         except StaleboundError as exc:
             why = f"the run cannot be calibrated: {exc}"
     if args.json:
