@@ -526,6 +526,8 @@ class TrainRecipe:
             if progress.time_to_target is None and reached:
                 progress.time_to_target = elapsed
             es, rows = self._sampled  # at most 0.25 s old
+            if step == cfg.run.steps:  # the run's last line holds the final counts
+                es = executor.statistics()
             metrics.update(
                 trajectories_per_s=progress.trained / elapsed,
                 trainer_idle_fraction=progress.waited / elapsed,
