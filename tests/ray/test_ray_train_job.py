@@ -31,7 +31,7 @@ def test_two_engine_actors_and_two_ranks_learn_within_the_bound(
             "run.steps=30",
             f"run.run_dir={run}",
             "run.live=false",
-            "run.eval_prompts=60",
+            "run.eval_prompts=200",
             "run.plots=false",
             "--rollout.staleness",
             "2",
@@ -45,8 +45,9 @@ def test_two_engine_actors_and_two_ranks_learn_within_the_bound(
     assert summary["violations"] == 0 and summary["max_staleness"] <= 2
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # learning: the sampled reward of the last ten steps (2,560 trajectories) clearly above the
-    # first ten's, and greedy accuracy on the 60 held-out prompts up by 3 or more. One step's
-    # reward, or a rise of 6 prompts, moves with the order the two engines finish in.
+    # first ten's, and greedy accuracy on 200 held-out prompts up by 0.05 or more (seven runs
+    # rose by 0.115 to 0.265). One step's reward, or accuracy on 60 prompts, moves with the
+    # order the two engines finish in: 60 prompts once read 0.45 before and 0.42 after.
     first, last = (
         sum(r["reward_mean"] for r in part) / 10 for part in (records[:10], records[-10:])
     )
