@@ -163,6 +163,21 @@ def test_rank_settings_are_checked_with_the_fix() -> None:
         load_config(overrides=["train.parallel=zero"])
     # the Ray backend's own spelling of the ranks' count still works
     assert load_config(overrides=["ray.train_data_parallel_size=2"]).train.world_size == 2
+    # on Ray a rank's device is the GPU Ray gives its actor, or the CPU
+    on_gpu = load_config(overrides=["backend=ray", "train.parallel=fsdp"])
+    on_gpu.train.device = "cuda"  # (the loader refuses it first on a machine without a GPU)
+    assert parallel_problems(on_gpu) == [
+        "train.device=cuda: with backend=ray a rank trains on the GPU Ray gives its actor, and "
+        "ray.trainer_num_gpus=0 gives none; set ray.trainer_num_gpus=1 (a GPU per rank), or "
+        "train.device=auto"
+    ]
+    assert parallel_problems(
+        load_config(overrides=["backend=ray", "train.device=cpu", "ray.trainer_num_gpus=1"])
+    ) == [
+        "ray.trainer_num_gpus=1.0: each rank would hold a GPU and train on the CPU "
+        "(train.device=cpu); set ray.trainer_num_gpus=0, or train.device=auto"
+    ]
+    assert parallel_problems(load_config(overrides=["backend=ray", "train.parallel=fsdp"])) == []
 
 
 def test_stalebound_train_refuses_uneven_ranks_before_writing(

@@ -1,4 +1,5 @@
-"""``stalebound train backend=ray``: two engine actors and two trainer ranks learn within the bound."""
+"""``stalebound train backend=ray``: two engine actors and two trainer rank actors (FSDP2 over gloo)
+learn within the bound; a killed rank leaves a checkpoint the run resumes from."""
 
 from __future__ import annotations
 
@@ -16,15 +17,18 @@ from stalebound.cli import main  # noqa: E402
 from stalebound.config import load_config  # noqa: E402
 
 
-def test_two_engine_actors_and_two_ranks_learn_within_the_bound(
+def test_two_engine_actors_and_two_fsdp_ranks_learn_within_the_bound(
     ray_instance: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    from stalebound.train.parallel.checkpoint import has_sharded_optimizer
+
     run = tmp_path_factory.mktemp("ray-run") / "r"
     code = main(
         [
             "train",
             "backend=ray",
             "engine.replicas=2",
+            "train.parallel=fsdp",
             "ray.train_data_parallel_size=2",
             "ray.engine_num_cpus=0.25",
             "ray.trainer_num_cpus=0.25",
@@ -58,6 +62,7 @@ def test_two_engine_actors_and_two_ranks_learn_within_the_bound(
     batch = load_config([run / "config.yaml"]).rollout.consumer_batch_size
     assert all(r["num_groups"] == batch for r in records)  # the whole batch, across both ranks
     assert (run / "checkpoints" / "step-000030" / "trainer_state.pt").is_file()
+    assert has_sharded_optimizer(run / "checkpoints" / "step-000030")  # each rank its shards
 
 
 def test_a_killed_trainer_rank_leaves_a_checkpoint_the_run_resumes_from(
@@ -91,7 +96,7 @@ def test_a_killed_trainer_rank_leaves_a_checkpoint_the_run_resumes_from(
 
     def step_then_lose_a_rank(self: RayTrainerGroup, groups: Any, **kw: Any) -> Any:
         if self.version == 3:  # after the checkpoint of step 2, during step 4
-            ray_instance.kill(self.ranks[1])
+            ray_instance.kill(self.actors[1])
         return real_step(self, groups, **kw)
 
     monkeypatch.setattr(RayTrainerGroup, "step", step_then_lose_a_rank)

@@ -1,4 +1,4 @@
-"""Data-parallel trainer ranks as Ray actors against the single-process trainer on the same batch."""
+"""Trainer ranks as Ray actors (torch.distributed, DDP or FSDP2) against one trainer on the same batch."""
 
 from __future__ import annotations
 
@@ -20,25 +20,33 @@ torch.set_num_threads(1)
 
 
 @pytest.mark.parametrize(
-    "overrides",
+    ("parallel", "overrides"),
     [
-        {},
-        {
-            "rejection": "token",
-            "rejection_low": 0.8,
-            "rejection_high": 1.25,
-            "mask_truncated": True,
-        },
-        {"loss_agg": "seq-mean-token-mean", "prox_mode": "loglinear", "grad_clip": 0.05},
+        ("ddp", {}),
+        (
+            "ddp",
+            {
+                "rejection": "token",
+                "rejection_low": 0.8,
+                "rejection_high": 1.25,
+                "mask_truncated": True,
+            },
+        ),
+        ("fsdp", {"loss_agg": "seq-mean-token-mean", "prox_mode": "loglinear", "grad_clip": 0.05}),
+        ("fsdp", {"prox_mode": "recompute", "tis_cap": 2.0, "minibatches": 2}),
     ],
-    ids=["default", "token-rejection", "seq-mean-loglinear-clip"],
+    ids=["ddp-default", "ddp-token-rejection", "fsdp-seq-mean-loglinear-clip", "fsdp-recompute"],
 )
-def test_two_ranks_match_the_local_trainer(
-    ray_instance: Any, model_dir: Path, overrides: dict[str, Any]
+def test_two_rank_actors_match_the_local_trainer(
+    ray_instance: Any, model_dir: Path, parallel: str, overrides: dict[str, Any]
 ) -> None:
+    """Two rank actors (torch.distributed over gloo, DDP or FSDP2) take one trainer's step."""
     from stalebound.distributed import PublishedWeights, RayTrainerGroup
 
-    config = TrainConfig(lr=1e-2, num_threads=1, **overrides)
+    # AdamW divides each gradient by its own running scale, so float rounding in a near-zero
+    # gradient moves that weight by a fraction of the learning rate: 1e-4 keeps it below 1e-5
+    # (the gradients themselves are compared through the loss and the gradient norm).
+    config = TrainConfig(lr=1e-4, num_threads=1, parallel=parallel, world_size=2, **overrides)  # type: ignore[arg-type]
     local = Trainer(load_model(model_dir), None, config, pad_token_id=PAD)
     batches = [make_batch(local.model, groups=4, size=3, seed=s, shift=0.3) for s in range(2)]
     group = RayTrainerGroup(str(model_dir), config, world_size=2, pad_token_id=PAD, num_cpus=0.25)
@@ -48,21 +56,15 @@ def test_two_ranks_match_the_local_trainer(
         for i, batch in enumerate(batches):
             expected = local.step(batch, batch_version=i + 1)
             got = group.step(batch, batch_version=i + 1)
-            same_step(expected, got, rel=1e-4)
+            same_step(expected, got)
             assert group.version == local.version == i + 1
         weights = group.state_dict_for_engines()
-        assert isinstance(weights, PublishedWeights)
+        assert isinstance(weights, PublishedWeights)  # an object-store reference, not a copy
         assert [v for _, v in published] == [1, 2] and published[-1][0] is weights
-        # Adam divides each gradient by its running scale, so float rounding in a near-zero
-        # gradient can move that one weight by a few percent of a step (lr); every other weight
-        # agrees to float precision. The gradient itself is compared above (grad_norm, loss).
-        moved, total = 0.0, 0
-        for name, value in local.state_dict_for_engines().items():
-            diff = (weights[name] - value).abs()
-            assert float(diff.max()) <= 0.05 * config.lr, name
-            moved += float(diff.sum())
-            total += diff.numel()
-        assert moved / total <= 1e-4 * config.lr
+        expected_weights = local.state_dict_for_engines()
+        assert set(weights) == set(expected_weights)
+        worst = max(float((weights[k] - v).abs().max()) for k, v in expected_weights.items())
+        assert worst <= 1e-5, worst
     finally:
         group.close()
 
@@ -75,7 +77,7 @@ def test_a_dead_rank_stops_the_group_naming_it(ray_instance: Any, model_dir: Pat
     )
     batch = make_batch(load_model(model_dir), groups=2, size=2, seed=7, shift=0.0)
     try:
-        ray_instance.kill(group.ranks[1])
+        ray_instance.kill(group.actors[1])
         with pytest.raises(TrainerRankError, match=r"trainer rank 1 failed: .*Actor") as info:
             group.step(batch)
         assert info.value.rank == 1

@@ -23,10 +23,10 @@ if TYPE_CHECKING:
         make_ray_engine,
     )
     from stalebound.distributed.trainer import (
+        RayRanks,
         RayTrainerGroup,
         TrainerRankError,
         make_ray_trainer,
-        merge_step_stats,
         split_groups,
     )
 
@@ -34,6 +34,7 @@ __all__ = [
     "PublishedWeights",
     "RayEngine",
     "RayEngineActor",
+    "RayRanks",
     "RayRouter",
     "RayRouterStatistics",
     "RayTrainerGroup",
@@ -43,7 +44,6 @@ __all__ = [
     "init_ray",
     "make_ray_engine",
     "make_ray_trainer",
-    "merge_step_stats",
     "split_groups",
 ]
 
@@ -57,10 +57,10 @@ _LAZY = {
     "RayRouterStatistics": "engine",
     "ReplicaLostError": "engine",
     "make_ray_engine": "engine",
+    "RayRanks": "trainer",
     "RayTrainerGroup": "trainer",
     "TrainerRankError": "trainer",
     "make_ray_trainer": "trainer",
-    "merge_step_stats": "trainer",
     "split_groups": "trainer",
 }
 

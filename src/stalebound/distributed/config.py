@@ -34,3 +34,9 @@ class RayConfig:
         default=1.0, metadata=bounds(ge=0, fix="e.g. 1 (a core per rank) or 0.5")
     )
     """CPUs reserved per trainer rank (their count is ``train.world_size``)."""
+    trainer_num_gpus: float = field(
+        default=0.0,
+        metadata=bounds(ge=0, fix="e.g. 1 (a GPU per rank), or 0 to train on the CPU"),
+    )
+    """GPUs reserved per trainer rank; with one or more, each rank trains on its GPU (NCCL
+    between the ranks), with 0 on the CPU (gloo)."""

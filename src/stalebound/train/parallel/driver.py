@@ -24,10 +24,11 @@ wait for it in a collective) and :class:`TrainerRankError` names the rank and th
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from stalebound.core.errors import ConfigError, StaleboundError
 
@@ -36,7 +37,9 @@ if TYPE_CHECKING:
     from stalebound.train.config import TrainConfig
     from stalebound.train.trainer import StepStats
 
-__all__ = ["Ranks", "ShardedTrainer", "TrainerRankError", "split_groups"]
+__all__ = ["Ranks", "ShardedTrainer", "StoppingRanks", "TrainerRankError", "split_groups"]
+
+_log = logging.getLogger(__name__)
 
 PublishCallback = Callable[[Mapping[str, Any], int], None]
 
@@ -86,6 +89,27 @@ class Ranks(Protocol):
     def close(self) -> None:
         """Leave the process group and stop every rank (idempotent)."""
         ...
+
+
+class StoppingRanks:
+    """What every launcher shares: the first failure stops the whole group, naming the rank."""
+
+    _closed: str | None = None
+    """Why the group is stopped (``"closed"`` once closed), or ``None`` while it runs."""
+
+    def _kill(self) -> None:
+        """Stop every rank at once."""
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise TrainerRankError(-1, f"the group is stopped ({self._closed})")
+
+    def _fail(self, rank: int, cause: str) -> NoReturn:
+        self._closed = f"rank {rank}: {cause}"
+        self._kill()
+        _log.error("trainer group stopped: %s", self._closed)
+        raise TrainerRankError(rank, cause)
 
 
 class ShardedTrainer:

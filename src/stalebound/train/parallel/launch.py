@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stalebound.train.parallel.driver import ShardedTrainer, TrainerRankError
+from stalebound.train.parallel.driver import ShardedTrainer, StoppingRanks
 from stalebound.train.parallel.rank import RankSpec, TrainerRank
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def rank_main(conn: Connection, rank: int, spec: RankSpec, device: str, master: 
             return
 
 
-class ProcessRanks:
+class ProcessRanks(StoppingRanks):
     """``spec.world_size`` rank processes on this machine (see the module docstring);
     ``devices[r]`` is rank r's device."""
 
@@ -89,7 +89,6 @@ class ProcessRanks:
 
         self.world_size = spec.world_size
         self._timeout_s = spec.config.rank_timeout_s + _GRACE_S
-        self._closed: str | None = None
         master = f"127.0.0.1:{free_port()}"
         context = multiprocessing.get_context("spawn")
         self._conns: list[Connection] = []
@@ -114,8 +113,7 @@ class ProcessRanks:
             raise
 
     def call(self, method: str, args: Sequence[tuple[Any, ...]]) -> list[Any]:
-        if self._closed is not None:
-            raise TrainerRankError(-1, f"the group is stopped ({self._closed})")
+        self._check_open()
         for r, conn in enumerate(self._conns):
             try:
                 conn.send((method, args[r]))
@@ -164,12 +162,6 @@ class ProcessRanks:
                 late = min(r for r in range(self.world_size) if r not in replies)
                 self._fail(late, f"no reply within {self._timeout_s:.0f} s")
         return [replies[r] for r in range(self.world_size)]
-
-    def _fail(self, rank: int, cause: str) -> None:
-        self._closed = f"rank {rank}: {cause}"
-        self._kill()
-        _log.error("trainer group stopped: %s", self._closed)
-        raise TrainerRankError(rank, cause)
 
     def _kill(self) -> None:
         for proc in self._procs:

@@ -69,11 +69,17 @@ def parallel_problems(cfg: StaleboundConfig) -> list[str]:
             "server, and trainer ranks publish the weights they gather on rank 0's CPU; use "
             "engine.weight_transfer=disk with trainer ranks"
         )
-    if cfg.backend == "ray" and t.parallel == "fsdp":
+    gpus = cfg.ray.trainer_num_gpus
+    if cfg.backend == "ray" and t.device.startswith("cuda") and not gpus:
         found.append(
-            "train.parallel=fsdp: with backend=ray the trainer ranks are full replicas combining "
-            "their gradients in one all-reduce; use train.parallel=ddp on Ray, or backend=local "
-            "for FSDP"
+            f"train.device={t.device}: with backend=ray a rank trains on the GPU Ray gives its "
+            "actor, and ray.trainer_num_gpus=0 gives none; set ray.trainer_num_gpus=1 (a GPU per "
+            "rank), or train.device=auto"
+        )
+    if cfg.backend == "ray" and t.device == "cpu" and gpus:
+        found.append(
+            f"ray.trainer_num_gpus={gpus}: each rank would hold a GPU and train on the CPU "
+            "(train.device=cpu); set ray.trainer_num_gpus=0, or train.device=auto"
         )
     if sharded(cfg) and t.compile:
         found.append(
