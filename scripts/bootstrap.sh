@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv and install stalebound with the extras the given target needs.
-# Usage: scripts/bootstrap.sh [EXTRAS]   (default: dev,torch,obs,data,wandb,mlflow)
+# Usage: scripts/bootstrap.sh [EXTRAS]   (default: dev,torch,obs,data,wandb,mlflow,peft)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-dev,torch,obs,data,wandb,mlflow}"
+extras="${1:-dev,torch,obs,data,wandb,mlflow,peft}"
 py="${PYTHON:-python3}"
 stamp=".venv/.stalebound-installed-${extras//,/-}"
 if [ ! -x .venv/bin/python ]; then

@@ -5,12 +5,11 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from stalebound.core.errors import ConfigError
+from stalebound._extras import import_extra
 
 if TYPE_CHECKING:
     from stalebound.config import RayConfig
@@ -26,13 +25,7 @@ _LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "dis
 
 def import_ray() -> Any:
     """The ``ray`` module, or a :class:`ConfigError` naming the extra to install."""
-    try:
-        return importlib.import_module("ray")
-    except ImportError as exc:
-        raise ConfigError(
-            f"backend=ray: the ray package is not installed ({exc}); install the extra: "
-            "pip install 'stalebound[ray]'"
-        ) from exc
+    return import_extra("ray", "backend=ray", "ray")
 
 
 def init_ray(config: RayConfig) -> Any:

@@ -47,9 +47,17 @@ class Backend(Protocol):
         ...
 
     def trainer(
-        self, cfg: StaleboundConfig, model: Any, tokenizer: Any, policy_dir: Path, version: int
+        self,
+        cfg: StaleboundConfig,
+        model: Any,
+        tokenizer: Any,
+        policy_dir: Path,
+        version: int,
+        *,
+        base_dir: Path | None = None,
     ) -> Any:
-        """The trainer of ``model`` (at ``policy_dir``), at ``version``."""
+        """The trainer of ``model`` (at ``policy_dir``), at ``version``; ``base_dir`` holds the
+        policy the run started from (what adapters are trained on)."""
         ...
 
     def gather(self, model: Any, trainer: Any) -> None:
@@ -101,7 +109,14 @@ class LocalBackend:
         return EngineSet(spread, close, list(engines))
 
     def trainer(
-        self, cfg: StaleboundConfig, model: Any, tokenizer: Any, policy_dir: Path, version: int
+        self,
+        cfg: StaleboundConfig,
+        model: Any,
+        tokenizer: Any,
+        policy_dir: Path,
+        version: int,
+        *,
+        base_dir: Path | None = None,
     ) -> Any:
         """This process's trainer, or ``train.world_size`` rank processes (``train.parallel``)."""
         from stalebound.train.parallel.settings import sharded
@@ -112,6 +127,14 @@ class LocalBackend:
             return launch_ranks(cfg, policy_dir, pad_token_id(tokenizer), version)
         from stalebound.train.trainer import Trainer
 
+        if cfg.train.lora.rank:
+            # Adapters go on a model of the trainer's own, loaded from the run's base policy
+            # (``base_dir``: on a resumed run ``policy_dir`` holds merged weights); ``model``
+            # stays a plain model, into which the merged weights are gathered.
+            from stalebound.engines.models import load_model
+
+            device = str(next(model.parameters()).device)
+            model = load_model(base_dir or policy_dir, device=device)
         return Trainer(model, tokenizer, cfg.train, version=version)
 
     def gather(self, model: Any, trainer: Any) -> None:
@@ -136,7 +159,14 @@ class RayBackend:
         return EngineSet(router, router.close)
 
     def trainer(
-        self, cfg: StaleboundConfig, model: Any, tokenizer: Any, policy_dir: Path, version: int
+        self,
+        cfg: StaleboundConfig,
+        model: Any,
+        tokenizer: Any,
+        policy_dir: Path,
+        version: int,
+        *,
+        base_dir: Path | None = None,
     ) -> Any:
         from stalebound.distributed import make_ray_trainer
 

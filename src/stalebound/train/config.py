@@ -18,6 +18,31 @@ from stalebound.typedconfig import bounds
 __all__ = ["RunConfig", "TrainConfig"]
 
 
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+"""The attention projections of Llama, Qwen2 and Mistral checkpoints (and of the embedded model)."""
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters (LoRA, via the ``peft`` extra: ``pip install 'stalebound[peft]'``).
+
+    With ``rank`` > 0 the trainer freezes the model and trains, for each linear layer that
+    ``target_modules`` names, two matrices A (rank × in) and B (out × rank) whose product, scaled
+    by ``alpha / rank``, is added to the frozen weight. Only the adapters are in the optimizer.
+    The engines receive the merged weights (the frozen weight plus the product), so they serve
+    the trained policy as a plain model; a checkpoint holds the merged policy (servable as it is)
+    and the adapter itself (``adapter/``, peft's layout), from which a resumed run continues."""
+
+    rank: int = field(default=0, metadata=bounds(ge=0, fix="e.g. 16, or 0 to train every weight"))
+    """The adapters' rank r; 0 trains every weight (no adapters)."""
+    alpha: float = field(default=32.0, metadata=bounds(gt=0, fix="e.g. 32 (twice a rank of 16)"))
+    """The adapters' scale is ``alpha / rank``."""
+    dropout: float = field(default=0.0, metadata=bounds(ge=0, le=0.9, fix="e.g. 0.05, or 0"))
+    """Dropout on the adapters' input while training (the engines' merged weights have none)."""
+    target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+    """Names (last component) of the linear layers that get adapters."""
+
+
 @dataclass
 class TrainConfig:
     """GRPO with PPO clipping and the off-policy corrections of bounded-staleness training.
@@ -130,6 +155,8 @@ class TrainConfig:
     """Samples per warm-start step."""
     warm_start_lr: float = 3e-3
     """AdamW learning rate of warm start."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters instead of every weight (``rank`` > 0; the ``peft`` extra)."""
 
     def problems(self) -> list[str]:
         """Every invalid setting, each as ``name=value: why; the fix``."""
@@ -211,6 +238,11 @@ class TrainConfig:
             p.append(f"train.warm_start_batch_size={self.warm_start_batch_size}: must be >= 1")
         if not 0 < self.warm_start_lr < math.inf:
             p.append(f"train.warm_start_lr={self.warm_start_lr}: must be a finite number > 0")
+        if self.lora.rank and not self.lora.target_modules:
+            p.append(
+                "train.lora.target_modules=[]: adapters need at least one layer to attach to; "
+                f"e.g. {list(DEFAULT_LORA_TARGETS)}"
+            )
         return p
 
     def validate(self) -> TrainConfig:

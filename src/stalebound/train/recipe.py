@@ -305,7 +305,9 @@ class TrainRecipe:
         self.workflow = EngineEpisode(self.task, self.tokenizer, sampling, recorder)
 
         # the trainer, publishing each step's weights to the engines
-        self.trainer = self.backend.trainer(cfg, self.model, self.tokenizer, policy_dir, version)
+        self.trainer = self.backend.trainer(
+            cfg, self.model, self.tokenizer, policy_dir, version, base_dir=run_dir / "policy-v0"
+        )
         self._on_failure.append(("the trainer", lambda: self.backend.close_trainer(self.trainer)))
         self.trainer.publish(self._publish)
 

@@ -214,6 +214,14 @@ class Trainer:
         """The data-parallel group this trainer is one rank of (``None``: it trains alone)."""
         if self.config.num_threads is not None:
             torch.set_num_threads(self.config.num_threads)
+        self.lora = bool(self.config.lora.rank)
+        """Whether only low-rank adapters are trained (``train.lora``; in this process only)."""
+        if self.lora:
+            from stalebound.train.lora import lora_with_ranks, with_adapters
+
+            if rank is not None:
+                raise ConfigError(lora_with_ranks(self.config.lora.rank))
+            model = with_adapters(model, self.config.lora)
         self.model = model
         pad = pad_token_id
         if pad is None and tokenizer is not None:
@@ -247,6 +255,8 @@ class Trainer:
             # the non-reentrant form (transformers 5's default): the reentrant one does not run
             # FSDP's hooks when it recomputes
             (enable or model.gradient_checkpointing_enable)({"use_reentrant": False})
+            if self.lora:  # the frozen embeddings give the recomputed blocks no gradient input
+                model.enable_input_require_grads()
         forward = model if rank is None else rank.forward
         self._forward: Any = torch.compile(forward) if c.compile else forward
 
@@ -263,6 +273,10 @@ class Trainer:
         """A snapshot of the model's weights, detached and contiguous: CPU tensors for a model on
         the CPU; for a model on a GPU, copies on that GPU, so an engine on the same device takes
         them without a round trip through the CPU (others copy them over themselves)."""
+        if self.lora:
+            from stalebound.train.lora import merged_state_dict
+
+            return merged_state_dict(self.model)
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def optimizer_state(self) -> dict[str, Any]:
@@ -271,13 +285,27 @@ class Trainer:
         return state
 
     def save_optimizer(self, checkpoint: Path) -> None:
-        """Nothing beside :meth:`optimizer_state` (trainer ranks write their shards here)."""
+        """The adapter, when training one (``checkpoint/adapter``); nothing else beside
+        :meth:`optimizer_state` (trainer ranks write their shards here)."""
+        if self.lora:
+            from stalebound.train.lora import save_adapter
+
+            save_adapter(self.model, checkpoint)
 
     def load_optimizer(self, checkpoint: Path, state: Mapping[str, Any] | None) -> None:
         """Continue from ``checkpoint``'s optimizer state: ``state`` (a checkpoint of a trainer
         alone) or the shards trainer ranks wrote (any world size)."""
         from stalebound.train.parallel.checkpoint import load_optimizer
 
+        if self.lora:
+            from stalebound.train.lora import has_adapter, load_adapter
+
+            if not has_adapter(checkpoint):
+                raise ConfigError(
+                    f"{checkpoint}: the checkpoint holds no adapter (it was written with "
+                    "train.lora.rank=0); resume it with train.lora.rank=0"
+                )
+            load_adapter(self.model, checkpoint)
         load_optimizer(self.model, self.optimizer, checkpoint, state)
 
     def logprobs(

@@ -123,7 +123,32 @@ def _policy(checkpoint: Checkpoint) -> list[tuple[int, ...]]:
         raise checkpoint.unusable(
             where, f"does not hold the weights of the model in config.json ({'; '.join(problems)})"
         )
+    from stalebound.train.lora import has_adapter
+
+    if has_adapter(checkpoint.path):
+        return _adapter_shapes(checkpoint, model)
     return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+
+
+def _adapter_shapes(checkpoint: Checkpoint, model: Any) -> list[tuple[int, ...]]:
+    """The shapes of the adapters of ``checkpoint/adapter`` on ``model`` (a meta model), in the
+    order an optimizer over the adapted model's trainable parameters numbers them."""
+    from stalebound.train.lora import ADAPTER_DIR, import_peft
+
+    where = checkpoint.path / ADAPTER_DIR
+    try:
+        peft = import_peft()
+        settings = peft.LoraConfig.from_pretrained(str(where))
+        settings.inference_mode = False  # saved adapters say True: nothing would be trainable
+        adapted = peft.get_peft_model(model, settings)
+    except ConfigError as exc:
+        raise checkpoint.unusable(f"{ADAPTER_DIR}/", f"cannot be read here ({exc})") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise checkpoint.unusable(
+            f"{ADAPTER_DIR}/adapter_config.json",
+            f"does not describe an adapter of this model ({error_text(exc)})",
+        ) from None
+    return [tuple(p.shape) for p in adapted.parameters() if p.requires_grad]
 
 
 def _trainer_state_fits(

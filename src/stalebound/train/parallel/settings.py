@@ -8,6 +8,7 @@ combination that cannot run (``stalebound train`` checks them in its preflight),
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -80,6 +81,15 @@ def parallel_problems(cfg: StaleboundConfig) -> list[str]:
         found.append(
             f"ray.trainer_num_gpus={gpus}: each rank would hold a GPU and train on the CPU "
             "(train.device=cpu); set ray.trainer_num_gpus=0, or train.device=auto"
+        )
+    if sharded(cfg) and t.lora.rank:
+        from stalebound.train.lora import lora_with_ranks
+
+        found.append(lora_with_ranks(t.lora.rank))
+    if t.lora.rank and importlib.util.find_spec("peft") is None:
+        found.append(
+            f"train.lora.rank={t.lora.rank}: the peft package is not installed; install the "
+            "extra: pip install 'stalebound[peft]', or set train.lora.rank=0"
         )
     if sharded(cfg) and t.compile:
         found.append(
