@@ -35,7 +35,8 @@ test-faults: setup
 
 ## The GPU tier: training, precision and serving on a CUDA device. Without a GPU every test is
 ## collected and skipped with the reason printed (never "no tests collected").
-test-gpu: setup
+test-gpu:
+	@bash scripts/bootstrap.sh dev,torch,obs,data,wandb,mlflow,peft,ray
 	$(PY) -m pytest -q -m gpu tests/gpu
 
 ## The Ray backend's tests, on a private Ray instance bound to 127.0.0.1 (a few minutes).

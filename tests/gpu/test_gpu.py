@@ -111,3 +111,33 @@ def test_fsdp_on_one_gpu_in_bfloat16_trains_and_publishes_to_the_engine(
     assert (run_dir / "checkpoints" / "step-000020" / "optimizer" / ".metadata").is_file()
     with capsys.disabled():
         print(f"\nFSDP bfloat16 on one GPU: {json.dumps(summary)}")
+
+
+def test_ray_rank_actor_holding_a_gpu_trains_fsdp_in_bfloat16(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("ray", reason="the Ray extra is not installed (make test-gpu installs it)")
+    run_dir = tmp_path / "run"
+    code = main(
+        [
+            "train",
+            "backend=ray",
+            "train.parallel=fsdp",
+            "train.world_size=1",
+            "ray.trainer_num_gpus=1",
+            "ray.engine_num_cpus=0.5",
+            "ray.trainer_num_cpus=0.5",
+            "train.dtype=bfloat16",
+            "run.steps=10",
+            "run.live=false",
+            "run.eval_prompts=60",
+            f"run.run_dir={run_dir}",
+            f"engine.cache_dir={tmp_path / 'models'}",
+        ]
+    )
+    assert code == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["violations"] == 0 and summary["steps"] == 10
+    assert (run_dir / "checkpoints" / "step-000010" / "optimizer" / ".metadata").is_file()
+    with capsys.disabled():
+        print(f"\nFSDP bfloat16 in a Ray rank actor on a GPU: {json.dumps(summary)}")
