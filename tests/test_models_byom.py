@@ -310,6 +310,13 @@ def test_micro_batches_accumulate_the_gradient_of_one_big_batch(
     assert s2.num_trained_tokens == s1.num_trained_tokens
 
 
+def test_micro_batches_put_rows_of_like_length_together(qwen2_dir: Path) -> None:
+    # a long-tailed batch: in order, every pass would pad a short row to a long one
+    trainer = Trainer(load_model(qwen2_dir), config=TrainConfig(micro_batch_tokens=20))
+    micros = trainer._micro_batches(torch.arange(4), [10, 2, 10, 2])
+    assert [m.tolist() for m in micros] == [[1, 3], [0, 2]]  # 24 padded tokens, not 40
+
+
 def test_bfloat16_losses_match_float32_on_a_fixed_batch(qwen2_dir: Path) -> None:
     from byom_checks import fixed_batch_losses
 

@@ -323,14 +323,15 @@ class Trainer:
             )
 
     def _micro_batches(self, rows: Tensor, lengths: list[int]) -> list[Tensor]:
-        """Split ``rows`` (in order) into runs whose padded size (rows × longest) fits
-        ``micro_batch_tokens``; a row longer than the budget runs alone."""
+        """Split ``rows`` into micro-batches whose padded size (rows × longest) fits
+        ``micro_batch_tokens``, taking the rows shortest first so that rows of like length share
+        a pass (a long-tailed batch then pads little); a row longer than the budget runs alone."""
         budget = self.config.micro_batch_tokens
         if budget is None:
             return [rows]
         out: list[list[int]] = [[]]
         longest = 0
-        for r in rows.tolist():
+        for r in sorted(rows.tolist(), key=lambda r: lengths[r]):
             longest_with = max(longest, lengths[r])
             if out[-1] and (len(out[-1]) + 1) * longest_with > budget:
                 out.append([])
