@@ -108,13 +108,14 @@ def per_step(seconds: float, first: int) -> Callable[[Path, Path], float]:
 
 
 DEFAULT = "none (the default, η = 4)"
-SHORT_WORDS = "strings, every word 2 letters"
+SHORT_WORDS = "strings, every word 2 letters (η = 1)"
 LONG_TAIL = [
     "task.name=strings",
     "task.partial_credit=true",
     "task.max_new_tokens=208",
     "task.strings.operations=[copy]",
     "task.reward_latency.distribution=none",
+    "rollout.staleness=1",
 ]
 
 
@@ -158,7 +159,7 @@ ROWS = [
         shown=False,
     ),
     Row(
-        "long tail: strings, log-normal words",
+        "long tail: strings, log-normal words (η = 1)",
         "generation",
         [
             *LONG_TAIL,
