@@ -93,7 +93,7 @@ class StepStats(FlatStats):
     step_cpu_s: float = math.nan
     """The CPU seconds the training thread ran in ``step_time_s``: less than it when the thread
     was runnable and another process held its core. NaN where the thread's time does not measure
-    the step (a GPU, or more than one torch thread)."""
+    the step (a GPU, more than one torch thread, or trainer ranks)."""
 
 
 @dataclass
