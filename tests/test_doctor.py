@@ -8,8 +8,12 @@ largest, and a resumed run is diagnosed as one history.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
+import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,7 @@ import pytest
 
 from stalebound.cli import main
 from stalebound.obs.doctor import CAUSES, DOCTOR_PNG, Diagnosis, diagnose
+from stalebound.obs.records import load_run
 from stalebound.obs.trace import TraceHeader, TraceRecorder, TrajectoryRecord
 from stalebound.train.recipe import TrainRecipe
 
@@ -141,6 +146,28 @@ def test_each_interval_of_idle_time_gets_the_cause_its_definition_gives(tmp_path
     assert_sums_hold(d)
 
 
+def test_training_time_the_trainer_thread_did_not_run_is_cpu_contention(tmp_path: Path) -> None:
+    # step 1: waits [0, 1], trains [1, 3] of which its thread ran 0.8 s of the 2 s step_time_s;
+    # step 2 trained on a GPU (NaN CPU time: no contention measured). One episode generates
+    # [0, 1]: the engines idle through both trainings.
+    steps = [
+        {"step": 1, "wait_start_s": 0.0, "wait_s": 1.0, "step_and_publish_s": 2.0,
+         "publish_s": 0.0, "step_time_s": 2.0, "step_cpu_s": 0.8, "engine_idle_fraction": 0.5},
+        {"step": 2, "wait_start_s": 3.0, "wait_s": 0.0, "step_and_publish_s": 1.0,
+         "publish_s": 0.0, "step_time_s": 1.0, "step_cpu_s": math.nan,
+         "engine_idle_fraction": 0.75},
+    ]  # fmt: skip
+    d = diagnose(write_run(tmp_path / "run", steps, [(0.0, 1.0, 0.0)]))
+
+    assert d.trainer_busy_s == pytest.approx(0.8 + 1.0)
+    assert d.trainer == pytest.approx({"start-up": 1.0, "CPU contention": 1.2})
+    assert d.steps[1].trainer == {}
+    # the engines idle in training for what idles them there, contended or not
+    assert d.engines == pytest.approx({"admission bound": 3.0, "unexplained": 0.0})
+    assert d.largest == "CPU contention"
+    assert_sums_hold(d)
+
+
 def test_a_run_recorded_before_the_step_start_was_logged_is_placed_by_its_rate() -> None:
     # the recorded calibration run has no wait_start_s: trained ÷ trajectories/s ends each step
     d = diagnose(Path(__file__).parent / "data" / "calibration-run")
@@ -196,9 +223,15 @@ def test_a_slow_reward_is_named_the_largest_cause(tmp_path: Path, models: Path) 
 
 @pytest.fixture(scope="module")
 def tight(tmp_path_factory: pytest.TempPathFactory, models: Path) -> Path:
-    """η = 0: no episode starts before the weights it will be trained at are published."""
+    """η = 0: no episode starts before the weights it will be trained at are published; 8
+    episodes in flight at most, so a batch's generation takes well above the training's CPU
+    contention on a loaded machine."""
     return train(
-        tmp_path_factory.mktemp("tight") / "run", models, "run.steps=4", "rollout.staleness=0"
+        tmp_path_factory.mktemp("tight") / "run",
+        models,
+        "run.steps=4",
+        "rollout.staleness=0",
+        "rollout.max_concurrent_rollouts=8",
     )
 
 
@@ -235,6 +268,26 @@ def test_a_slow_publication_is_named_the_largest_cause(
     assert_sums_hold(d)
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins threads to a core (Linux)")
+def test_a_hog_on_the_trainer_core_is_named_the_largest_cause(
+    tmp_path: Path, models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "doctor_injected", SHORT.with_name("doctor_injected.py")
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # its dataclasses look themselves up
+    spec.loader.exec_module(bench)
+    with bench.hog_on_trainer_core(hogs=2):  # the training thread runs at most a third of the time
+        run = train(tmp_path / "run", models, "run.steps=4")
+    d = diagnose(run)
+    assert d.largest == "CPU contention", d.trainer
+    ran = sum(float(r["step_cpu_s"]) for r in load_run(run).steps)
+    assert d.trainer["CPU contention"] > 1.5 * ran  # two hogs: twice its running time, or more
+    assert_sums_hold(d)
+
+
 def test_a_resumed_run_is_diagnosed_as_one_history_from_the_cli(
     tight: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -258,5 +311,13 @@ def test_a_resumed_run_is_diagnosed_as_one_history_from_the_cli(
     assert predicted["gain"] == pytest.approx(
         predicted["trajectories_per_s"] / predicted["baseline_trajectories_per_s"] - 1, abs=1e-5
     )
+    # every cause of the trainer's idle time a setting moves gets its setting simulated, or null
+    causes = {k for k, v in d.trainer.items() if v > 0} - {"start-up"}
+    assert set(report["predictions"]) == causes
+    assert report["predictions"]["admission bound"] == predicted
+    assert report["predictions"]["publication"]["change"] == (
+        "publications that take no time (the most any engine.weight_transfer gains)"
+    )
+    assert all(report["predictions"][c] is None for c in causes & {"executor loop", "bookkeeping"})
     assert (run / DOCTOR_PNG).stat().st_size > 0
     assert_sums_hold(d)

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_plot(sub)
     from stalebound.obs import doctor
 
-    doctor.register(sub, predictor=_predict_gain)
+    doctor.register(sub, predictor=_predict_gains)
     from stalebound.engines import vllm_server
 
     vllm_server.register(sub)
@@ -176,10 +176,10 @@ EXTRAS = {
 """The optional dependencies by the extra that installs them (pyproject.toml)."""
 
 
-def _predict_gain(run_dir: str, cause: str) -> Prediction | None:
-    from stalebound.sim.whatif import predict_gain  # loads the simulator: only when asked
+def _predict_gains(run_dir: str, causes: Sequence[str]) -> dict[str, Prediction | None]:
+    from stalebound.sim.whatif import predict_gains  # loads the simulator: only when asked
 
-    return predict_gain(run_dir, cause)
+    return predict_gains(run_dir, causes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -85,6 +85,14 @@ CAUSES: dict[str, Cause] = {
             "engine.weight_transfer (cuda_ipc when trainer and engines share a GPU)",
         ),
         Cause(
+            "CPU contention",
+            "the trainer's training thread was runnable but not running during its step: "
+            "another process, or the engines' threads, held its core (the step's wall time "
+            "less its CPU time)",
+            "give the trainer a core of its own: fewer engine.replicas on a CPU, nothing else "
+            "running on the machine, or the engines on a GPU",
+        ),
+        Cause(
             "checkpoint",
             "a checkpoint was being written",
             "run.checkpoint_every_steps / run.checkpoint_every_s (checkpoint less often)",
@@ -245,6 +253,8 @@ class _Step:
     publish_start: float
     end: float
     checkpoint_before: float
+    contention: float
+    """Seconds of the training the training thread was runnable but not running."""
     refills: bool
     aborts: bool
     engine_idle_fraction: float | None
@@ -252,6 +262,11 @@ class _Step:
     @property
     def training_s(self) -> float:
         return self.publish_start - self.wait_end
+
+    @property
+    def contended_from(self) -> float:
+        """The training's last :attr:`contention` seconds are placed as the contention's."""
+        return self.publish_start - self.contention
 
 
 def _steps(rows: Sequence[Mapping[str, Any]], run_dir: str) -> list[_Step]:
@@ -292,14 +307,16 @@ def _steps(rows: Sequence[Mapping[str, Any]], run_dir: str) -> list[_Step]:
             return any(float(row.get(n) or 0) > float(previous.get(n) or 0) for n in names)
 
         idle = row.get("engine_idle_fraction")
+        publish_start = max(wait_end, end - float(publish))
         steps.append(
             _Step(
                 step=int(row["step"]),
                 wait_start=start,
                 wait_end=wait_end,
-                publish_start=max(wait_end, end - float(publish)),
+                publish_start=publish_start,
                 end=end,
                 checkpoint_before=float(row.get("checkpoint_s") or 0.0),
+                contention=_contention(row, publish_start - wait_end),
                 refills=rose(_REFILL_COUNTERS),
                 aborts=rose(_ABORT_COUNTERS),
                 engine_idle_fraction=float(idle) if isinstance(idle, int | float) else None,
@@ -307,6 +324,15 @@ def _steps(rows: Sequence[Mapping[str, Any]], run_dir: str) -> list[_Step]:
         )
         previous = row
     return steps
+
+
+def _contention(row: Mapping[str, Any], training_s: float) -> float:
+    """The step's training seconds its thread was not running: ``step_time_s`` less
+    ``step_cpu_s`` (0 for a run that did not record them, or a GPU's NaN)."""
+    wall, cpu = _number(row.get("step_time_s")), _number(row.get("step_cpu_s"))
+    if wall is None or cpu is None or not math.isfinite(cpu):
+        return 0.0
+    return min(max(0.0, wall - cpu), max(0.0, training_s))
 
 
 class _Episodes:
@@ -364,7 +390,7 @@ def _attribute(
     begin, finish = steps[0].wait_start, steps[-1].end
     marks = [begin, finish]
     for s in steps:
-        marks += [s.wait_start, s.wait_end, s.publish_start, s.end]
+        marks += [s.wait_start, s.wait_end, s.contended_from, s.publish_start, s.end]
         marks.append(max(begin, s.wait_start - s.checkpoint_before))
     marks += [t for t in episodes.points if begin < t < finish]
     cuts = sorted({t for t in marks if begin <= t <= finish})
@@ -392,6 +418,8 @@ def _attribute(
             _add(d.trainer, _OUTSIDE_THE_WAIT[phase], b - a)
         if gen:
             continue
+        if phase == "contention":  # the engines idle then for what idles them in training
+            phase = "train"
         if phase in _OUTSIDE_THE_WAIT:
             engine_cause = _OUTSIDE_THE_WAIT[phase]
         elif rew:
@@ -419,6 +447,7 @@ def _attribute(
 
 
 _OUTSIDE_THE_WAIT = {
+    "contention": "CPU contention",
     "publish": "publication",
     "checkpoint": "checkpoint",
     "between": "bookkeeping",
@@ -430,8 +459,10 @@ def _phase(s: _Step, t: float) -> str:
     """What the trainer of step ``s`` did at ``t`` (a time within the step's span)."""
     if s.wait_start <= t < s.wait_end:
         return "wait"
-    if s.wait_end <= t < s.publish_start:
+    if s.wait_end <= t < s.contended_from:
         return "train"
+    if s.contended_from <= t < s.publish_start:
+        return "contention"
     if s.publish_start <= t < s.end:
         return "publish"
     if s.wait_start - s.checkpoint_before <= t < s.wait_start:
@@ -539,9 +570,10 @@ class Prediction:
         return self.throughput / self.baseline - 1 if self.baseline > 0 else 0.0
 
 
-Predictor = Callable[[str, str], Prediction | None]
-"""``predictor(run_dir, cause)``: the simulator's figure for the setting that moves ``cause``
-(:func:`stalebound.sim.whatif.predict_gain`; the command line passes it in, so this layer does
+Predictor = Callable[[str, Sequence[str]], Mapping[str, Prediction | None]]
+"""``predictor(run_dir, causes)``: the simulator's figure for the setting that moves each of
+``causes``, ``None`` for a cause it does not model a setting of
+(:func:`stalebound.sim.whatif.predict_gains`; the command line passes it in, so this layer does
 not load the simulator)."""
 
 
@@ -566,7 +598,10 @@ def register(subparsers: Any, predictor: Predictor | None = None) -> None:
     parser.add_argument(
         "--predict",
         action="store_true",
-        help="calibrate the simulator on the run and predict the gain of the setting (slower)",
+        help=(
+            "calibrate the simulator on the run and predict the gain of the setting that moves "
+            "each cause (slower)"
+        ),
     )
     parser.set_defaults(func=run_doctor, predictor=predictor)
 
@@ -593,27 +628,60 @@ def run_doctor(args: Any) -> int:
             )
         except OSError as exc:
             print(f"stalebound doctor: no plot ({exc.strerror or exc})", file=sys.stderr)
-    prediction: Prediction | None = None
+    predictions: Mapping[str, Prediction | None] = {}
     why = "pass --predict to simulate it on the run's calibration"
-    if args.predict and diagnosis.largest is not None and args.predictor is not None:
-        why = f"the simulator does not model a setting of {diagnosis.largest}"
+    causes = [k for k, v in diagnosis.trainer.items() if k not in _UNMOVABLE and v > 0]
+    if args.predict and causes and args.predictor is not None:
+        why = "the simulator does not model a setting of it"
         try:
-            prediction = args.predictor(args.run_dir, diagnosis.largest)
+            predictions = args.predictor(args.run_dir, causes)
         except StaleboundError as exc:
             why = f"the run cannot be calibrated: {exc}"
+    largest = diagnosis.largest
+    prediction = predictions.get(largest) if largest is not None else None
     if args.json:
         report = diagnosis.to_json()
-        if prediction is not None:
-            report["predicted_gain"] = {
-                "change": prediction.change,
-                "gain": _r(prediction.gain),
-                "trajectories_per_s": _r(prediction.throughput),
-                "baseline_trajectories_per_s": _r(prediction.baseline),
-            }
+        report["predicted_gain"] = _prediction_json(prediction)
+        if args.predict:
+            report["predictions"] = {c: _prediction_json(predictions.get(c)) for c in causes}
         print(json.dumps(report, indent=2))
         return 0
     _print(diagnosis, every_step=args.steps, plot=written, prediction=prediction, why=why)
+    if args.predict and predictions:
+        _print_predictions(diagnosis, causes, predictions)
     return 0
+
+
+def _prediction_json(p: Prediction | None) -> dict[str, Any] | None:
+    if p is None:
+        return None
+    return {
+        "change": p.change,
+        "gain": _r(p.gain),
+        "trajectories_per_s": _r(p.throughput),
+        "baseline_trajectories_per_s": _r(p.baseline),
+    }
+
+
+def _print_predictions(
+    d: Diagnosis, causes: Sequence[str], predictions: Mapping[str, Prediction | None]
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="the setting of each cause, and the simulator's predicted gain")
+    for column in ("cause", "trainer s", "setting", "simulated", "gain"):
+        table.add_column(column, justify="right" if column in ("trainer s", "gain") else "left")
+    for cause in sorted(causes, key=lambda c: -d.trainer[c]):
+        p = predictions.get(cause)
+        table.add_row(
+            cause,
+            f"{d.trainer[cause]:.2f}",
+            CAUSES[cause].setting,
+            "not modelled" if p is None else p.change,
+            "" if p is None else f"{p.gain:+.0%}",
+        )
+    Console().print(table)
 
 
 def _print(

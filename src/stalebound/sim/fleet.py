@@ -95,6 +95,8 @@ class Fleet:
 
     def record(self, m: Member, outcome: str, complete: bool, now: float) -> None:
         assert self.recorder is not None
+        waits = m.spec.tools[: m.tools]
+        rewarded = m.spec.reward_wait and m.tools == len(m.spec.tools)  # its last wait the reward's
         self.recorder.record(
             TrajectoryRecord(
                 prompt_id=m.group.prompt,
@@ -103,11 +105,12 @@ class Fleet:
                 start=m.start,
                 end=m.end if m.end >= 0 else now,
                 tokens=round(m.tokens),
-                tool_latencies=tuple(m.spec.tools[: m.tools]),
+                tool_latencies=tuple(waits[:-1] if rewarded else waits),
                 failed=m.spec.failed and complete,
                 version=m.version,
                 complete=complete,
                 outcome=outcome,
+                reward_latency=waits[-1] if rewarded else 0.0,
             )
         )
 

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from stalebound.sim.config import WorkloadConfig
 
-__all__ = ["TrainerModel"]
+__all__ = ["StepTimes", "TrainerModel"]
+
+
+class StepTimes(NamedTuple):
+    """One step on the virtual clock: asked for its batch, trained from ``start`` to
+    ``trained`` (``work`` seconds of it uncontended), published until ``end``."""
+
+    asked: float
+    start: float
+    trained: float
+    end: float
+    work: float
 
 
 class TrainerModel:
@@ -37,6 +50,10 @@ class TrainerModel:
         self._free_since = 0.0
         self.waits: list[float] = []
         """Each step's wait, from the trainer asking for a batch to training (the hand-over)."""
+        self.log: list[StepTimes] = []
+        """Each finished step's times, as a real run's metrics record them."""
+        self._asked = 0.0
+        self._uncontended = 0.0
 
     def start(self, now: float, tokens: float, share: float = 0.0) -> float:
         """Take a batch of ``tokens`` tokens while a share ``share`` of the replicas has work;
@@ -45,7 +62,8 @@ class TrainerModel:
         self.ticket += 1
         self._start = self._mark = now + self.handoff
         self.waits.append(self._start - self._free_since)
-        self._work = self.step_time + self.per_token * tokens
+        self._asked = self._free_since
+        self._work = self._uncontended = self.step_time + self.per_token * tokens
         self._slow = 1.0 + self.contention * share
         return self._end()
 
@@ -69,6 +87,9 @@ class TrainerModel:
         return self._end()
 
     def done(self, now: float) -> None:
+        self.log.append(
+            StepTimes(self._asked, self._start, now - self.publish, now, self._uncontended)
+        )
         self.training = False
         self._busy += now - self._start
         self._free_since = now

@@ -90,6 +90,10 @@ class StepStats(FlatStats):
     traj_staleness_max: int
     grad_norm: float
     step_time_s: float
+    step_cpu_s: float = math.nan
+    """The CPU seconds the training thread ran in ``step_time_s``: less than it when the thread
+    was runnable and another process held its core. NaN where the thread's time does not measure
+    the step (a GPU, more than one torch thread, or trainer ranks)."""
 
 
 @dataclass
@@ -359,7 +363,7 @@ class Trainer:
         by the whole minibatch's normaliser (kept tokens or sequences, summed over the ranks), and
         the returned statistics are the whole batch's, the same on every rank.
         """
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         c = self.config
         v = self._version if batch_version is None else batch_version
         trajs = [t for g in groups for t in g]
@@ -465,7 +469,7 @@ class Trainer:
 
         self._version += 1
         stats = self._stats(
-            trajs, groups, batch, train_mask, acc, ratio_max, ratio_min, v, grad_norms, t0
+            trajs, groups, batch, train_mask, acc, ratio_max, ratio_min, v, grad_norms, t0, cpu0
         )
         if self._hooks:
             weights_now = self.state_dict_for_engines()
@@ -624,6 +628,7 @@ class Trainer:
         v: int,
         grad_norms: list[float],
         t0: float,
+        cpu0: float,
     ) -> StepStats:
         """The step's statistics from sums over this trainer's trajectories (over all ranks'
         on a rank of a data-parallel group)."""
@@ -693,6 +698,11 @@ class Trainer:
             traj_staleness_max=int(highs["traj_stale_max"]),
             grad_norm=sum(grad_norms) / len(grad_norms),
             step_time_s=time.perf_counter() - t0,
+            step_cpu_s=(
+                time.thread_time() - cpu0
+                if self.device.type == "cpu" and torch.get_num_threads() == 1
+                else math.nan
+            ),
         )
 
 

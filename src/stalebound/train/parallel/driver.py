@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -153,7 +154,9 @@ class ShardedTrainer:
         self._version = stats.version
         self._weights = None
         self.last_step_s = time.perf_counter() - started
-        stats = dataclasses.replace(stats, step_time_s=self.last_step_s)
+        # the ranks' threads wait for each other in the collectives: their CPU time does not
+        # measure contention (NaN: none placed)
+        stats = dataclasses.replace(stats, step_time_s=self.last_step_s, step_cpu_s=math.nan)
         if publish:
             weights = self._weights = self.ranks.weights(results[0][1])
             for hook in self._hooks:
