@@ -71,9 +71,11 @@ REFINED = 4
 """How many of the first stage's fastest settings (overall, and within the limits) the second
 stage varies."""
 
-TIE = 0.01
+TIE = 0.05
 """Settings predicted within this share of the fastest within the limits count as tied; the
-least stale of them is recommended."""
+least stale of them is recommended. A calibrated prediction is good to about 10 % (more where the
+run overlapped generation and training less than the setting would), so a few percent of
+predicted speed is not worth staler data."""
 
 MIN_STEPS = 20
 """The fewest training steps each setting is simulated for (a shorter run's warm-up would weigh
