@@ -12,6 +12,7 @@ repeats all of it and prints the medians with their ranges. Absolute figures dep
 machine's load; the ratios are taken within each invocation.
 
     .venv/bin/python bench/recommend_check.py [--invocations 3] [--steps 30] [--max-staleness X]
+                                              [--start KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -69,17 +70,17 @@ def train(run: Path, models: Path, steps: int, overrides: list[str]) -> float:
 
 
 def one_invocation(
-    tmp: Path, steps: int, max_staleness: float | None
+    tmp: Path, steps: int, max_staleness: float | None, start: list[str]
 ) -> dict[str, tuple[float, float]]:
     """Each row's (predicted, measured) trajectories/s; the poor run's prediction is its own
     calibration's."""
     models = tmp / "models"
     rows: dict[str, tuple[float, float]] = {}
-    poor = train(tmp / "poor", models, steps, POOR)
+    poor = train(tmp / "poor", models, steps, start)
     cal = calibrate(tmp / "poor")
     rec = recommend(cal, max_staleness=max_staleness, objective="time-per-step")
     assert rec.recommended is not None
-    rows["poor: capacity η=0 (synchronous)"] = (rec.current.trajectories_per_s, poor)
+    rows[f"start: {' '.join(start)}"] = (rec.current.trajectories_per_s, poor)
     chosen = rec.recommended.setting
     overrides = chosen.overrides()
     print(f"recommended: {' '.join(overrides)}", flush=True)
@@ -113,11 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-staleness", type=float, default=None, help="the recommendation's limit (none)"
     )
+    parser.add_argument(
+        "--start",
+        nargs="+",
+        default=POOR,
+        metavar="KEY=VALUE",
+        help=f"the poor setting to start from (default: {' '.join(POOR)})",
+    )
     args = parser.parse_args(argv)
     runs = []
     for _ in range(args.invocations):
         with tempfile.TemporaryDirectory(prefix="recommend-check-") as tmp:
-            runs.append(one_invocation(Path(tmp), args.steps, args.max_staleness))
+            runs.append(one_invocation(Path(tmp), args.steps, args.max_staleness, args.start))
     print(
         f"{args.invocations} invocation(s), {args.steps} steps per run; trajectories/s over the "
         "steps after the first 10 %; medians (ranges)"
