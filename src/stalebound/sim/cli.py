@@ -17,6 +17,7 @@ from typing import Any
 from stalebound.core.errors import ConfigError, StaleboundError
 from stalebound.obs.trace import TraceHeader, TraceRecorder, TrajectoryRecord, read_trace
 from stalebound.sim.config import WorkloadConfig, list_presets, load_preset, load_workload
+from stalebound.sim.recommend import OBJECTIVES
 from stalebound.sim.replay import ReplaySource, trace_means
 from stalebound.sim.simulator import POLICIES, SimResult, compute_bound, policy_spec, simulate
 from stalebound.userfiles import label, writable_dir_problem, writable_file_problem
@@ -95,6 +96,34 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--steps", type=int, default=None, help="train steps per run (default: the workload's)"
     )
+    p.add_argument(
+        "--recommend",
+        action="store_true",
+        help="with --calibrate: sweep policy, η_h, η_s, grace and concurrency on the calibrated "
+        "workload, print the Pareto front and the fastest setting within the limits below "
+        "(--policy and --staleness narrow the sweep)",
+    )
+    p.add_argument(
+        "--max-staleness",
+        type=float,
+        default=None,
+        metavar="X",
+        help="with --recommend: the most mean staleness of the trained trajectories",
+    )
+    p.add_argument(
+        "--max-truncated",
+        type=float,
+        default=None,
+        metavar="PCT",
+        help="with --recommend: the most trained trajectories cut short, in percent",
+    )
+    p.add_argument(
+        "--objective",
+        default=None,
+        choices=OBJECTIVES,
+        help="with --recommend: what to minimise (default: time to the run's target reward when "
+        "it reached it, else time per step)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line per policy and η")
     p.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
     p.add_argument("--replay", default=None, metavar="TRACE", help="replay a recorded trace")
@@ -107,8 +136,8 @@ def register(subparsers: Any) -> None:
 def _main(args: argparse.Namespace) -> int:
     if args.calibrate is not None:
         return _calibrate_main(args)
-    if args.compare or args.out:
-        flag = "--compare" if args.compare else "--out"
+    if args.compare or args.out or _recommend_flag(args):
+        flag = "--compare" if args.compare else "--out" if args.out else _recommend_flag(args)
         print(f"stalebound simulate: {flag} needs --calibrate RUN_DIR", file=sys.stderr)
         return 2
     try:
@@ -332,17 +361,25 @@ def _table(results: list[SimResult]) -> None:
 # ----------------------------------------------------------------------------- calibration
 
 
+def _recommend_flag(args: argparse.Namespace) -> str | None:
+    """The first of the ``--recommend`` flags given, or ``None``."""
+    for flag in ("recommend", "max_staleness", "max_truncated", "objective"):
+        if getattr(args, flag) not in (None, False):
+            return "--" + flag.replace("_", "-")
+    return None
+
+
 def _calibrate_main(args: argparse.Namespace) -> int:
     from stalebound.sim import calibrate as cal_mod
 
+    if _recommend_flag(args) and not args.recommend:
+        print(f"stalebound simulate: {_recommend_flag(args)} needs --recommend", file=sys.stderr)
+        return 2
+    if args.recommend:
+        return _recommend_main(args)
     try:
         run_dir = Path(args.calibrate)
-        out = Path(args.out) if args.out else run_dir / "calibrated.yaml"
-        problem = writable_file_problem(str(out), label("out", str(out)), fix="give another path")
-        if problem:
-            raise ConfigError(problem)
-        cal = cal_mod.calibrate(run_dir, seed=args.seed)
-        written = cal_mod.write_workload(cal, out)
+        cal, written = _calibrated(args)
         rows = [_prediction(cal_mod, cal, d, args.seed) for d in [run_dir, *args.compare]]
         what_if: list[SimResult] = []
         if args.policy or args.staleness or args.soft_staleness or args.target is not None:
@@ -374,6 +411,127 @@ def _calibrate_main(args: argparse.Namespace) -> int:
         print("what if (predicted with the calibrated workload):")
         _table(what_if)
     return 0
+
+
+def _calibrated(args: argparse.Namespace) -> tuple[Any, Path]:
+    """Fit the workload to ``--calibrate RUN_DIR`` and write it (``--out``, by default
+    ``RUN_DIR/calibrated.yaml``); the calibration and the path written."""
+    from stalebound.sim import calibrate as cal_mod
+
+    run_dir = Path(args.calibrate)
+    out = Path(args.out) if args.out else run_dir / "calibrated.yaml"
+    problem = writable_file_problem(str(out), label("out", str(out)), fix="give another path")
+    if problem:
+        raise ConfigError(problem)
+    cal = cal_mod.calibrate(run_dir, seed=args.seed)
+    return cal, cal_mod.write_workload(cal, out)
+
+
+def _recommend_main(args: argparse.Namespace) -> int:
+    from stalebound.sim import recommend as rec_mod
+
+    try:
+        rec_mod.check_limits(args.max_staleness, args.max_truncated, args.objective)
+        for name in ("target", "soft_staleness"):
+            if getattr(args, name) is not None:
+                raise ConfigError(
+                    f"{name.replace('_', '-')}={getattr(args, name)}: --recommend sweeps the "
+                    "soft target itself; narrow the sweep with --policy and --staleness only"
+                )
+        cal, written = _calibrated(args)
+        rec = rec_mod.recommend(
+            cal,
+            max_staleness=args.max_staleness,
+            max_truncated=args.max_truncated,
+            objective=args.objective,
+            policies=args.policy,
+            bounds=args.staleness,
+            steps=args.steps,
+            seed=args.seed,
+        )
+    except StaleboundError as exc:
+        print(f"stalebound simulate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({**rec.to_json(), "workload": str(written)}, sort_keys=True))
+    else:
+        _print_recommendation(rec, written)
+    if rec.recommended is None:
+        assert rec.closest is not None
+        print(f"stalebound simulate: {_no_setting(rec)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _limits(rec: Any) -> str:
+    parts = []
+    if rec.max_staleness is not None:
+        parts.append(f"--max-staleness {rec.max_staleness:g}")
+    if rec.max_truncated is not None:
+        parts.append(f"--max-truncated {rec.max_truncated:g}")
+    return " ".join(parts)
+
+
+def _no_setting(rec: Any) -> str:
+    c = rec.closest
+    return (
+        f"no setting meets {_limits(rec)} among the {len(rec.candidates)} simulated; the "
+        f"closest: {' '.join(c.setting.overrides())} (mean staleness {c.staleness_mean:.2f}, "
+        f"{c.truncated:.1%} truncated); loosen the limits or widen --policy / --staleness"
+    )
+
+
+def _print_recommendation(rec: Any, written: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(f"wrote {written} (edit it and pass it to --workload)")
+    to_target = rec.objective == "time-to-target"
+    what = (
+        f"time to the target reward ({rec.steps_to_target} steps, as the run took)"
+        if to_target
+        else "time per step"
+    )
+    table = Table(
+        title=f"Pareto front of {len(rec.candidates)} simulated settings: predicted {what} "
+        "against mean staleness, truncated and wasted"
+    )
+    for col in ("policy", "η_h", "η_s", "grace", "concurrency"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for col in ("s to target" if to_target else "s per step", "traj/s", "staleness mean"):
+        table.add_column(col, justify="right")
+    for col in ("truncated", "wasted", "within limits"):
+        table.add_column(col, justify="right")
+    for i, c in enumerate([rec.current, *rec.front]):
+        label = c.setting.label()
+        if i == 0:
+            label["policy"] += " (the run)"
+        elif c is rec.recommended:
+            label["policy"] += " (recommended)"
+        table.add_row(
+            *label.values(),
+            f"{c.objective(rec.objective):.3f}",
+            f"{c.trajectories_per_s:.0f}",
+            f"{c.staleness_mean:.2f}",
+            f"{c.truncated:.1%}",
+            f"{c.wasted:.1%}",
+            "yes" if rec.within(c) else "no",
+            style="bold" if i and c is rec.recommended else None,
+            end_section=i == 0,
+        )
+    console.print(table)
+    r = rec.recommended
+    if r is None:
+        return
+    within = f" within {_limits(rec)}" if _limits(rec) else ""
+    ratio = rec.current.objective(rec.objective) / r.objective(rec.objective)
+    console.print(
+        f"recommended{within}: predicted {r.objective(rec.objective):.3f} s "
+        f"{'to the target' if to_target else 'per step'}, ×{ratio:.2f} the run's speed; "
+        "paste after `stalebound train`:"
+    )
+    print(" ".join(r.setting.overrides()))
 
 
 def _prediction(cal_mod: Any, cal: Any, run_dir: str | Path, seed: int) -> dict[str, Any]:
