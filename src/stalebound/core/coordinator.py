@@ -348,6 +348,11 @@ class Coordinator:
             g = ledger.groups.get(cast(int, gid))
             if g is None:
                 raise InvariantError(f"deadline verdict {verdict!r} for group {gid!r}: not running")
+            if verdict == Verdict.CONTINUE:  # its deadline moved on: it keeps generating
+                ledger.counts.continued_groups += not g.continued
+                ledger.counts.continuations += 1
+                g.continued = True
+                continue
             if not g.truncating:  # a truncated group aborted after the grace is counted once
                 ledger.counts.deadline_groups += 1
             if verdict == Verdict.TRUNCATE:
@@ -355,7 +360,9 @@ class Coordinator:
             elif verdict == Verdict.ABORT:
                 self._release(g.gid, GroupOp.DEADLINE, Cause.DEADLINE, now, out)
             else:
-                raise InvariantError(f"deadline verdict {verdict!r}: not 'truncate' or 'abort'")
+                raise InvariantError(
+                    f"deadline verdict {verdict!r}: not 'truncate', 'abort' or 'continue'"
+                )
 
     def _on_timer(self, e: ev.TimerFired) -> list[ev.Action]:
         out: list[ev.Action] = []

@@ -105,6 +105,7 @@ class GroupRun:
 
     __slots__ = (
         "accept",
+        "continued",
         "gid",
         "progress",
         "retries",
@@ -125,6 +126,7 @@ class GroupRun:
         self.version = version
         self.progress = now  # when it last produced something (the watchdog's clock)
         self.truncating = False
+        self.continued = False  # the deadline action continue moved its deadline on
         self.truncated: set[int] | None = None  # member numbers cut short
         self.versions: dict[int, tuple[int, ...]] | None = None  # per-token versions by member
 
@@ -301,7 +303,7 @@ class Ledger:
             n += len(members)
         c.consumed_groups += len(batch.groups)
         c.consumed_trajectories += n
-        return HandOverBatch(batch.version, tuple(handed))
+        return HandOverBatch(batch.version, tuple(handed), batch.continued)  # type: ignore[arg-type]
 
     def teardown(
         self, gid: int, op: GroupOp, cause: Cause, out: list[Action], *, in_policy: bool = True
