@@ -186,6 +186,7 @@ class BufferMachine(RuleBasedStateMachine):
             assert buf.snapshot() == before
         else:
             assert buf.deadline(gid) == moved == buf.lookup(gid)[1]  # type: ignore[index]
+            self.reserved_in[gid] = moved  # its reservation now
         assert StalenessBuffer.restore(buf.snapshot()).snapshot() == buf.snapshot()
 
     @rule(data=st.data())
