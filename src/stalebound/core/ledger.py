@@ -344,6 +344,13 @@ class Ledger:
             self.counts.cancelled_members[cause] += 1
             out.append(AbortRequest(m, cause))
 
+    def continued(self, g: GroupRun) -> None:
+        """The deadline action ``continue`` moved a running group's deadline on (it keeps
+        generating): counted once per group, and once per move."""
+        self.counts.continued_groups += not g.continued
+        self.counts.continuations += 1
+        g.continued = True
+
     def truncate(self, g: GroupRun, cause: Cause, out: list[Action]) -> None:
         """Cut the group's running members short: they return their partial outputs."""
         g.truncating = True
