@@ -20,8 +20,9 @@ ETA = 1
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """η_s = η_h = 1 (a group is due one version after the one it was admitted at), batches of 4
     groups (a training step is short), 4 spare entries per buffer (room to continue into) and
-    sampling hot enough that the tiny model often rambles on towards the token limit: groups
-    whose longest answer is still generating when their deadline buffer is due."""
+    sampling hot enough that the tiny model often rambles on towards the token limit, and a
+    verifier that now and then takes seconds (one reward in ten over 0.6 s, at most 6 s): groups
+    still generating, or still waiting for a reward, when their deadline buffer is due."""
     run_dir = tmp_path_factory.mktemp("run") / "r"
     code = main(
         [
@@ -37,6 +38,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             f"rollout.deadline.target={ETA}",
             "rollout.deadline.slack=4",
             "engine.temperature=2.0",
+            "task.reward_latency.distribution=lognormal",
+            "task.reward_latency.median_s=0.05",
+            "task.reward_latency.sigma=2.0",
+            "task.reward_latency.cap_s=6.0",
             f"engine.cache_dir={tmp_path_factory.mktemp('models')}",
         ]
     )
