@@ -214,31 +214,49 @@ SCENARIOS = [
     # The deadline policy, η_h = 2 (target 1): group 2 (V = 0) never answers; the second consume
     # defers it into buffer 2, its deadline, where it gets the deadline action: abort (its tokens
     # wasted) as soon as buffer 2 is the head, or truncate (kept, marked truncated) when the
-    # trainer asks for buffer 2.
+    # trainer asks for buffer 2. With ``continue`` group 2 answers at 40: it continues past
+    # buffer 2 while the trainer trains buffer 2 from later groups, and lands in buffer 3,
+    # trained continued; with a cap of 0 it is truncated at buffer 2 instead.
     *[
         Scenario(
-            f"deadline: a straggler due at its deadline buffer is {action}ed",
+            f"deadline: a straggler due at its deadline buffer: {name}",
             rollout(
                 staleness_policy="deadline",
                 staleness=2,
                 consumer_batch_size=2,
                 group_size=1,
                 max_concurrent_rollouts=4,
-                deadline=DeadlineConfig(action=action, at=at),
+                deadline=deadline,
             ),
-            prompts=12,
+            prompts=12 if steps == 3 else 20,
             step_time=10.0,
-            steps=3,
+            steps=steps,
             ends={
                 (0, 0): (1, "ok", 0.0),
                 (1, 0): (2, "ok", 0.0),
                 (7, 0): (16, "ok", 0.0),
                 (8, 0): (17, "ok", 0.0),
-                **{(g, 0): (g + 20, "ok", 0.0) for g in range(9, 16)},
+                **{(g, 0): (g + (20 if g < 16 else 40), "ok", 0.0) for g in range(9, 30)},
+                **({(2, 0): (40, "ok", 0.0)} if steps == 4 else {}),
             },
-            expect=(f"deadline {action}", "batch"),
+            expect=expect,
         )
-        for action, at in (("abort", "head"), ("truncate", "consume"))
+        for name, deadline, steps, expect in (
+            ("abort", DeadlineConfig(action="abort", at="head"), 3, ("deadline abort", "batch")),
+            ("truncate", DeadlineConfig(action="truncate"), 3, ("deadline truncate", "batch")),
+            (
+                "continue",
+                DeadlineConfig(action="continue"),
+                4,
+                ("deadline continue", "batch"),
+            ),
+            (
+                "continue, cap 0",
+                DeadlineConfig(action="continue", continue_max=0),
+                4,
+                ("deadline truncate",),
+            ),
+        )
     ],
 ]
 
@@ -267,6 +285,8 @@ def features(log: Log) -> set[str]:
                 found.add("filtered")
             elif isinstance(a, HandOverBatch):
                 found.add("batch")
+                if a.continued:
+                    found.add("deadline continue")
             elif isinstance(a, Retry):
                 found.add("retry")
             elif isinstance(a, ReportStall):

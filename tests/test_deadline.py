@@ -327,7 +327,10 @@ def test_admission_is_areal_capacity_arithmetic_at_the_soft_target(
 
 class DeadlineMachine(RuleBasedStateMachine):
     """The coordinator with the deadline policy, one member per group. The shadow keeps each
-    running member's version; the rules finish members in any order and ask for batches."""
+    running member's version and deadline; the rules finish members in any order and ask for
+    batches. Under ``continue`` a due group's deadline moves on at the deadline moment, by at most
+    ``continue_max`` versions in all, and a group trained later than ``V + η_h`` is reported as
+    continued (and is no violation)."""
 
     @initialize(
         B=st.integers(1, 3),
@@ -335,9 +338,10 @@ class DeadlineMachine(RuleBasedStateMachine):
         extra=st.integers(0, 2),
         slack=st.integers(0, 1),
         margin=st.integers(0, 1),
-        action=st.sampled_from(["truncate", "abort"]),
+        action=st.sampled_from(["truncate", "abort", "continue"]),
         at=st.sampled_from(["consume", "head"]),
         grace=st.sampled_from([None, 0.5]),
+        cap=st.integers(0, 2),
     )
     def setup(
         self,
@@ -349,8 +353,9 @@ class DeadlineMachine(RuleBasedStateMachine):
         action: str,
         at: str,
         grace: float | None,
+        cap: int,
     ) -> None:
-        self.B, self.hard, self.action, self.at = B, soft + extra, action, at
+        self.B, self.hard, self.action, self.at, self.cap = B, soft + extra, action, at, cap
         self.armed = False
         s = CoordinatorSettings(
             policy="deadline",
@@ -371,9 +376,11 @@ class DeadlineMachine(RuleBasedStateMachine):
             admission_margin=margin,
             deadline_at=at,
             deadline_grace=grace,
+            deadline_continue_max=cap,
         )
         self.coord = Coordinator(build_policy(s), s)
         self.running: dict[MemberId, int] = {}  # member → its group's version
+        self.deadline: dict[MemberId, int] = {}  # member → its group's deadline buffer
         self.truncating: set[MemberId] = set()
         self.now = 0.0
         self.sample = 0
@@ -388,13 +395,14 @@ class DeadlineMachine(RuleBasedStateMachine):
         for a in actions:
             if isinstance(a, LaunchMember):
                 self.running[a.member] = a.version
+                self.deadline[a.member] = a.version + self.hard
             elif isinstance(a, TruncateMember):
                 assert a.cause == "deadline"
-                deadline_hits.append((a.member, self.running[a.member]))
+                deadline_hits.append((a.member, self.deadline[a.member]))
                 self.truncating.add(a.member)
             elif isinstance(a, AbortRequest):
                 if a.cause == "deadline":
-                    deadline_hits.append((a.member, self.running[a.member]))
+                    deadline_hits.append((a.member, self.deadline[a.member]))
                 del self.running[a.member]
                 self.truncating.discard(a.member)
             elif isinstance(a, ArmTimer):
@@ -405,11 +413,17 @@ class DeadlineMachine(RuleBasedStateMachine):
             elif isinstance(a, HandOverBatch):
                 assert a.version == before
                 for g in a.groups:
-                    assert a.version - g.version <= self.hard  # the hard bound, every group
+                    # the hard bound, every group not continued; a continued one by its cap
+                    stale = a.version - g.version
+                    assert stale <= self.hard or g.group_id in a.continued
+                    assert stale <= self.hard + self.cap
                     self.trained += 1
-        due = {m for m, V in self.running.items() if V + self.hard == head and head > V}
+                if a.continued:
+                    note_event("a continued group trained")
+        moved = self._moved_deadlines(head, before, event)
+        due = {m for m, d in self.deadline.items() if d == head and head > self.running[m]}
         if isinstance(event, TimerFired):  # the grace is over: every due group of the head aborted
-            assert all(V + self.hard == head for _, V in deadline_hits) and not due
+            assert all(d == head for _, d in deadline_hits) and not due
             return actions
         # the deadline action fires exactly at the deadline: when the deadline buffer becomes the
         # head (at=head), or when the trainer asks for it and it cannot be consumed (at=consume)
@@ -417,17 +431,39 @@ class DeadlineMachine(RuleBasedStateMachine):
             moment = head != before
         else:
             moment = isinstance(event, BatchWanted) and head == before
-        for _, V in deadline_hits:
-            assert moment and V + self.hard == head
+        for _, d in deadline_hits:
+            assert moment and d == head
         if deadline_hits:
             note_event(f"deadline action: {self.action} at {self.at}")
+        if moved:
+            assert moment and self.action == "continue"
+            note_event("deadline action: continue")
         if moment:
-            if self.action == "truncate":
+            if self.action == "abort":
+                assert not due
+            else:  # truncate, or continue: nothing left due at the head but what is being cut
                 assert due <= self.truncating
                 assert {m for m, _ in deadline_hits} <= due
-            else:
-                assert not due
         return actions
+
+    def _moved_deadlines(self, head: int, before: int, event: Any) -> set[MemberId]:
+        """The shadow's deadlines brought up to the policy's; the members whose deadline moved
+        (each from the head to a later buffer, never past ``V + η_h + continue_max``)."""
+        buf = self.coord.policy.buffer  # type: ignore[attr-defined]
+        moved = set()
+        for m in list(self.deadline):
+            if m not in self.running:
+                del self.deadline[m]
+                continue
+            if m.group_id not in buf:  # completed, or in the policy under another id: unchanged
+                continue
+            now = buf.deadline(m.group_id)
+            if now != self.deadline[m]:
+                assert self.deadline[m] in (head, before) and self.deadline[m] < now
+                assert now <= self.running[m] + self.hard + self.cap
+                self.deadline[m] = now
+                moved.add(m)
+        return moved
 
     @rule(n=st.integers(1, 4))
     def submit(self, n: int) -> None:
@@ -443,6 +479,7 @@ class DeadlineMachine(RuleBasedStateMachine):
         members = pool or sorted(self.running)
         m = members[k % len(members)]
         del self.running[m]
+        self.deadline.pop(m, None)
         self.truncating.discard(m)
         self._feed(MemberFinished(m, self.now, m))
 
@@ -642,3 +679,60 @@ def test_areal_max_head_offpolicyness_is_the_admission_bound_of_each_policy(
     r = RolloutConfig(staleness_policy=policy, staleness=8, max_head_offpolicyness=3)
     assert (r.deadline.target, r.staleness) == expected
     assert dataclasses.replace(r, max_head_offpolicyness=2).max_head_offpolicyness == 2
+
+
+# ---------------------------------------------------------------- the deadline action continue
+
+
+def test_a_continued_straggler_is_trained_a_version_late_and_reported_not_as_a_violation() -> None:
+    """η_h = 1: g1 (V = 0) straggles past its deadline buffer 1. ``continue`` moves it to buffer 2
+    (no action for the driver: it keeps generating), buffer 1 is trained from g2, and g1 lands
+    and is trained at version 2 — staleness 2 > η_h, reported as continued, no violation."""
+    c = two_groups_started(deadline_action="continue")
+    c.handle(MemberFinished(MemberId(0, 0), 1.0, "r0"))
+    (first, *_) = c.handle(BatchWanted(1, 2.0))
+    assert isinstance(first, HandOverBatch) and first.continued == ()
+    c.handle(Submitted(2))
+    c.handle(Dispatch(2.0, 1))  # g2 at version 1
+    waiting = c.handle(BatchWanted(1, 3.0))  # buffer 1, g1's deadline: it continues
+    assert not any(isinstance(a, TruncateMember | AbortRequest) for a in waiting)
+    assert c.policy.buffer.deadline(1) == 2  # type: ignore[attr-defined]
+    c.handle(MemberFinished(MemberId(2, 0), 4.0, "r2"))
+    (second, *_) = c.handle(BatchWanted(1, 4.0))
+    assert isinstance(second, HandOverBatch) and [g.group_id for g in second.groups] == [2]
+    c.handle(MemberFinished(MemberId(1, 0), 5.0, "late"))
+    (third, *_) = c.handle(BatchWanted(1, 6.0))
+    assert isinstance(third, HandOverBatch) and third.version == 2 and third.continued == (1,)
+    (g1,) = third.groups
+    assert g1.version == 0 and not g1.members[0][2]  # V_traj kept; not truncated
+    counts, stats = c.counts, c.policy_statistics()
+    assert (counts.continued_groups, counts.continuations, counts.deadline_groups) == (1, 1, 0)
+    assert stats.violations == 0 and stats.staleness_histogram == {0: 2, 2: 1}
+    assert stats.continued == 1
+
+
+def test_a_straggler_still_running_at_the_continue_cap_is_truncated_and_counted() -> None:
+    """``continue_max = 1``: g1 continues once (deadline 1 → 2), and at buffer 2 it is cut."""
+    c = two_groups_started(deadline_action="continue", deadline_continue_max=1)
+    c.handle(MemberFinished(MemberId(0, 0), 1.0, "r0"))
+    c.handle(BatchWanted(1, 2.0))
+    c.handle(Submitted(2))
+    c.handle(Dispatch(3.0, 1))
+    assert not any(isinstance(a, TruncateMember) for a in c.handle(BatchWanted(1, 3.0)))
+    assert c.counts.continuations == 1
+    c.handle(MemberFinished(MemberId(2, 0), 3.5, "r"))
+    (batch, *_) = c.handle(BatchWanted(1, 4.0))
+    assert isinstance(batch, HandOverBatch) and [g.group_id for g in batch.groups] == [2]
+    assert TruncateMember(MemberId(1, 0), "deadline") in c.handle(BatchWanted(1, 5.0))
+    assert (c.counts.continued_groups, c.counts.continuations, c.counts.deadline_groups) == (
+        1,
+        1,
+        1,
+    )
+
+
+def test_continue_max_must_be_a_count_of_versions() -> None:
+    with pytest.raises(ConfigError, match=r"^rollout.deadline.continue_max=-1: must be an integer"):
+        load_config(overrides=["rollout.deadline.continue_max=-1"])
+    with pytest.raises(ConfigError, match=r"rollout.deadline.continue_max=-1: must be an integer"):
+        DeadlineBoundPolicy(StalenessBuffer(2, 2), CapacityCounter(8, 2, 1), continue_max=-1)

@@ -59,7 +59,7 @@ _STATES = tuple(EntryState)
 _OPS = tuple(EntryOp)
 _NEXT = compile_table(ENTRY_TRANSITIONS, _STATES, _OPS)
 _EMPTY, _RESERVED, _OCCUPIED = (_STATES.index(s) for s in EntryState)
-(_RESERVE, _OCCUPY, _ABORT, _SURPLUS, _CONSUME, _DROP, _REPLACE, _PULL_FORWARD, _DEFER) = (
+(_RESERVE, _OCCUPY, _ABORT, _SURPLUS, _CONSUME, _DROP, _REPLACE, _PULL_FORWARD, _DEFER, _EXTEND) = (
     _OPS.index(o)
     for o in (
         EntryOp.RESERVE,
@@ -71,6 +71,7 @@ _EMPTY, _RESERVED, _OCCUPIED = (_STATES.index(s) for s in EntryState)
         EntryOp.REPLACE,
         EntryOp.PULL_FORWARD,
         EntryOp.DEFER,
+        EntryOp.EXTEND,
     )
 )
 _BORN = _NEXT[_EMPTY][_RESERVE]  # the state Reserve gives a new entry, looked up once
@@ -78,11 +79,12 @@ _NO_SEGMENTS: tuple[int, ...] = ()
 
 
 class _Entry:
-    """The entry of one group in flight. ``buffer`` is where it is; ``seq`` is its occupy order.
+    """The entry of one group in flight. ``buffer`` is where it is; ``seq`` is its occupy order;
+    ``extended`` how many versions its deadline was moved past ``V + η`` (:meth:`~StalenessBuffer.extend`).
     It is created RESERVED (``EMPTY --reserve--> RESERVED``, read from the transition table);
     ``state`` changes only through :func:`_move` / :func:`_move_all` (the table again)."""
 
-    __slots__ = ("buffer", "group_id", "payload", "seq", "state", "version")
+    __slots__ = ("buffer", "extended", "group_id", "payload", "seq", "state", "version")
 
     def __init__(self, group_id: Hashable, version: int, buffer: int) -> None:
         self.group_id = group_id
@@ -91,6 +93,7 @@ class _Entry:
         self.state = _BORN  # an entry comes to be by Reserve: RESERVED
         self.seq = -1
         self.payload: Any = None
+        self.extended = 0
 
     @property
     def occupied(self) -> bool:
@@ -102,7 +105,7 @@ def _by_seq(g: _Entry) -> int:
 
 
 def _by_deadline(g: _Entry) -> tuple[int, int]:
-    return (g.version, g.seq)  # the deadline V + η orders as V
+    return (g.version + g.extended, g.seq)  # the deadline V + η + extended orders as this
 
 
 def _move(g: _Entry, op: int) -> None:
@@ -183,7 +186,9 @@ class StalenessBuffer:
         self._replaced = 0
         self._pulled_forward = 0
         self._deferred = 0
+        self._extended = 0
         self._histogram: Counter[int] = Counter()
+        self._continued_histogram: Counter[int] = Counter()
 
     # ------------------------------------------------------------------ queries
 
@@ -216,6 +221,16 @@ class StalenessBuffer:
         if g is None:
             return None
         return (_STATES[g.state], g.buffer, g.version)
+
+    def deadline(self, group_id: Hashable) -> int:
+        """The latest buffer a group in flight may be trained in: ``V + η``, plus the versions
+        :meth:`extend` moved it past that."""
+        g = self._known_group("deadline", group_id)
+        return g.version + self.staleness + g.extended
+
+    def extended(self, group_id: Hashable) -> int:
+        """How many versions :meth:`extend` moved a group's deadline past ``V + η`` (0: never)."""
+        return self._known_group("extended", group_id).extended
 
     def state(self, buffer_version: int) -> BufferState:
         """The state of buffer ``buffer_version`` (one of ``v … v + η``)."""
@@ -450,6 +465,8 @@ class StalenessBuffer:
         for g in taken:
             del groups[g.group_id]
             hist[v - g.version] += 1
+            if g.extended:
+                self._continued_histogram[v - g.version] += 1
         _move_all([groups.pop(gid) for gid in surplus], _SURPLUS)
         del self._buffers[v]
         self._v = v + 1
@@ -468,6 +485,7 @@ class StalenessBuffer:
             aborted=surplus,
             dropped=tuple(g.group_id for g in dropped),
             dropped_groups=tuple(ConsumedGroup(g.group_id, g.version, g.payload) for g in dropped),
+            continued=tuple([g.group_id for g in taken if g.extended]),
         )
 
     def pull_forward(self, buffer_version: int | None = None) -> tuple[Hashable, ...]:
@@ -504,7 +522,7 @@ class StalenessBuffer:
         changed) when it is due (``V + η = b``) or no later buffer has room. The group's bound is
         unchanged: it may still land anywhere from v to ``V + η`` when it completes."""
         g = self._reserved_group("defer", group_id)
-        b, deadline = g.buffer, g.version + self.staleness
+        b, deadline = g.buffer, g.version + self.staleness + g.extended
         found = self._latest_with_room(deadline, above=b)
         if found is None:
             return None
@@ -515,6 +533,35 @@ class StalenessBuffer:
         dst.reserved[group_id] = g
         self._deferred += 1
         return nb
+
+    def extend(self, group_id: Hashable, until: int) -> int | None:
+        """The deadline action ``continue``: move a RESERVED group that is due in its buffer
+        (its deadline is the buffer it sits in) to the *earliest* later buffer with an EMPTY
+        entry, up to ``until`` (and the window's end), and make that buffer its deadline; return
+        it, or ``None`` (nothing changed) when none has room. The group keeps its version ``V``:
+        its trajectories are trained later than ``V + η``, so the trainer masks their tokens
+        older than the bound (``continued_histogram`` counts them apart from the violations)."""
+        g = self._reserved_group("extend", group_id)
+        b, deadline = g.buffer, g.version + self.staleness + g.extended
+        if b != deadline:
+            raise ProtocolError(
+                f"extend(group_id={group_id!r}): the group is not due in its buffer {b} (its "
+                f"deadline is {deadline}); move it within its bound with defer() instead"
+            )
+        cap, top = self.buffer_size, min(until, self._v + self.staleness)
+        for nb in range(b + 1, top + 1):
+            dst = self._buffers.get(nb)
+            if dst is None:
+                dst = self._buffers[nb] = _Buffer()
+            if len(dst.reserved) + len(dst.occupied) < cap:
+                del self._buffers[b].reserved[group_id]
+                _move(g, _EXTEND)
+                g.buffer = nb
+                g.extended += nb - b
+                dst.reserved[group_id] = g
+                self._extended += 1
+                return nb
+        return None
 
     def statistics(self) -> BufferStatistics:
         """A frozen snapshot of every counter."""
@@ -537,12 +584,14 @@ class StalenessBuffer:
             replaced=self._replaced,
             pulled_forward=self._pulled_forward,
             deferred=self._deferred,
+            extended=self._extended,
             buffer_states=WindowStates(
                 self._v,
                 top,
                 {bv: self._state(self._buffers[bv]) for bv in self.versions_in_use()},
             ),
             staleness_histogram=MappingProxyType(dict(sorted(self._histogram.items()))),
+            continued_histogram=MappingProxyType(dict(sorted(self._continued_histogram.items()))),
         )
 
     # ------------------------------------------------------- snapshot/restore
@@ -553,17 +602,17 @@ class StalenessBuffer:
         for bv in sorted(self._buffers):
             buf = self._buffers[bv]
             for g in buf.reserved.values():
-                groups.append({"group_id": g.group_id, "version": g.version, "buffer": bv})
+                item = {"group_id": g.group_id, "version": g.version, "buffer": bv}
+                groups.append(item | ({"extended": g.extended} if g.extended else {}))
             for g in buf.occupied:
-                groups.append(
-                    {
-                        "group_id": g.group_id,
-                        "version": g.version,
-                        "buffer": bv,
-                        "seq": g.seq,
-                        "payload": g.payload,
-                    }
-                )
+                item = {
+                    "group_id": g.group_id,
+                    "version": g.version,
+                    "buffer": bv,
+                    "seq": g.seq,
+                    "payload": g.payload,
+                }
+                groups.append(item | ({"extended": g.extended} if g.extended else {}))
         return {
             "format": SNAPSHOT_FORMAT,
             "batch_size": self.batch_size,
@@ -585,7 +634,9 @@ class StalenessBuffer:
                 "replaced": self._replaced,
                 "pulled_forward": self._pulled_forward,
                 "deferred": self._deferred,
+                "extended": self._extended,
                 "histogram": {str(k): n for k, n in self._histogram.items()},
+                "continued_histogram": {str(k): n for k, n in self._continued_histogram.items()},
             },
         }
 
@@ -620,7 +671,11 @@ class StalenessBuffer:
             buf._replaced = int(c["replaced"])
             buf._pulled_forward = int(c["pulled_forward"])
             buf._deferred = int(c.get("deferred", 0))
+            buf._extended = int(c.get("extended", 0))
             buf._histogram = Counter({int(k): int(n) for k, n in c["histogram"].items()})
+            buf._continued_histogram = Counter(
+                {int(k): int(n) for k, n in c.get("continued_histogram", {}).items()}
+            )
             if buf._reserved_total() != int(c["reserved_total"]):
                 raise ValueError(
                     f"reserved_total {c['reserved_total']} does not match the groups and counters"
@@ -640,13 +695,15 @@ class StalenessBuffer:
 
     def _restore_group(self, item: Mapping[str, Any]) -> None:
         gid, version, bv = item["group_id"], int(item["version"]), int(item["buffer"])
-        v, bound = self._v, self.staleness
-        if gid in self._groups or not (v <= bv <= version + bound) or version > v:
+        extended = int(item.get("extended", 0))
+        v, bound = self._v, self.staleness + extended
+        if gid in self._groups or not (v <= bv <= version + bound) or version > v or extended < 0:
             raise ProtocolError(
                 f"restore(): group {gid!r} (version {version}) cannot sit in buffer {bv} at "
                 f"version {v} with staleness {bound}, or appears twice; the snapshot is damaged"
             )
         g = _Entry(gid, version, bv)
+        g.extended = extended
         buf = self._buffers.setdefault(bv, _Buffer())
         if "seq" in item:
             g.seq, g.payload = int(item["seq"]), item.get("payload")
@@ -684,8 +741,10 @@ class StalenessBuffer:
             for g in [*buf.reserved.values(), *buf.occupied]:
                 if self._groups.get(g.group_id) is not g or g.buffer != bv:
                     raise InvariantError(f"group {g.group_id!r} misfiled in buffer {bv}")
-                if bv > g.version + bound:
-                    raise InvariantError(f"group {g.group_id!r} (version {g.version}) in {bv}")
+                if bv > g.version + bound + g.extended:
+                    raise InvariantError(
+                        f"group {g.group_id!r} (version {g.version}, extended {g.extended}) in {bv}"
+                    )
             seen += len(buf.reserved) + len(buf.occupied)
         if seen != len(self._groups):
             raise InvariantError(f"{seen} entries filed, {len(self._groups)} groups in flight")
@@ -729,7 +788,7 @@ class StalenessBuffer:
 
     def _replace(self, g: _Entry) -> bool:
         """Re-place an extra occupied group after consume; False when it must be dropped."""
-        b = self._find_place(g.version + self.staleness)
+        b = self._find_place(g.version + self.staleness + g.extended)
         if b is None:
             return False
         _move(g, _REPLACE)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Hashable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -56,7 +56,9 @@ class ConsumedBatch:
     ``groups`` are exactly B groups in occupy order. ``aborted`` are the ids of the surplus RESERVED
     groups the driver must cancel. ``dropped`` are the ids of extra OCCUPIED groups that had no
     admissible place left; ``dropped_groups`` carries them with their payloads, so that their cost
-    can be counted.
+    can be counted. ``continued`` are the ids of the groups of ``groups`` whose deadline the
+    deadline action ``continue`` moved past ``V + η``: trained later than their version allows,
+    with their tokens older than ``version − η`` masked from the loss.
     """
 
     version: int
@@ -64,6 +66,7 @@ class ConsumedBatch:
     aborted: tuple[Hashable, ...] = ()
     dropped: tuple[Hashable, ...] = ()
     dropped_groups: tuple[ConsumedGroup, ...] = ()
+    continued: tuple[Hashable, ...] = ()
 
     def staleness(self) -> list[int]:
         """Staleness of each consumed group: this batch's version minus the group's version."""
@@ -102,6 +105,20 @@ class BufferStatistics:
     buffer_states: Mapping[int, BufferState]
     staleness_histogram: Mapping[int, int]
     """Consumed groups by staleness (buffer version − group version)."""
+    extended: int = 0
+    """Deadlines moved past ``V + η`` by the deadline action ``continue``
+    (:meth:`StalenessBuffer.extend`; a group continued twice counts twice)."""
+    continued_histogram: Mapping[int, int] = field(default_factory=dict)
+    """The consumed groups of ``staleness_histogram`` that were continued past their deadline,
+    by staleness: trained with their tokens older than the bound masked, so not violations."""
+
+    @property
+    def violations(self) -> int:
+        """Consumed groups staler than the bound, leaving out the continued ones (their tokens
+        older than the bound are masked from the loss)."""
+        bound = self.staleness
+        over = sum(n for k, n in self.staleness_histogram.items() if k > bound)
+        return over - sum(n for k, n in self.continued_histogram.items() if k > bound)
 
     @property
     def staleness_bound(self) -> int:

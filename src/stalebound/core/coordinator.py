@@ -348,14 +348,16 @@ class Coordinator:
             g = ledger.groups.get(cast(int, gid))
             if g is None:
                 raise InvariantError(f"deadline verdict {verdict!r} for group {gid!r}: not running")
-            if not g.truncating:  # a truncated group aborted after the grace is counted once
-                ledger.counts.deadline_groups += 1
-            if verdict == Verdict.TRUNCATE:
+            # a truncated group aborted after the grace is counted once; a continued one is not cut
+            ledger.counts.deadline_groups += verdict != Verdict.CONTINUE and not g.truncating
+            if verdict == Verdict.CONTINUE:  # its deadline moved on: it keeps generating
+                ledger.continued(g)
+            elif verdict == Verdict.TRUNCATE:
                 ledger.truncate(g, Cause.DEADLINE, out)
             elif verdict == Verdict.ABORT:
                 self._release(g.gid, GroupOp.DEADLINE, Cause.DEADLINE, now, out)
             else:
-                raise InvariantError(f"deadline verdict {verdict!r}: not 'truncate' or 'abort'")
+                raise InvariantError(f"deadline verdict {verdict!r}: not a deadline action")
 
     def _on_timer(self, e: ev.TimerFired) -> list[ev.Action]:
         out: list[ev.Action] = []

@@ -27,6 +27,10 @@ class CoordinatorCounts:
     truncated_groups: int = 0
     truncated_trajectories: int = 0
     deadline_groups: int = 0
+    continued_groups: int = 0
+    """Groups the deadline action ``continue`` let run past their deadline (each once)."""
+    continuations: int = 0
+    """Deadlines ``continue`` moved on (a group continued twice counts twice)."""
     overdue_groups: int = 0
     watchdog_stalls: int = 0
     dropped_groups: int = 0

@@ -17,8 +17,14 @@ only shrinks) and, where the head has no free entry, reservations in it that are
 (``V + η_h > v``) are deferred to a later buffer within their bound. A group still running when
 its deadline buffer ``V + η_h`` becomes the head gets the deadline action (:meth:`deadline_verdicts`,
 carried out by the coordinator): ``truncate`` (force-completed with its partial output, kept and
-marked truncated) or ``abort`` (its tokens are wasted). The head is consumed due-first, and not
-while a due group is still running (a truncation under way lands in it).
+marked truncated), ``abort`` (its tokens are wasted) or ``continue`` (the token-level bound: its
+reservation moves to the earliest later buffer with room, at most ``continue_max`` versions past
+``V + η_h``, and it keeps generating under newer weights; when it is trained at version ``c`` the
+trainer masks its tokens generated before ``c − η_h``, so no *trained token* is staler than
+``η_h``, while the trajectory keeps its version ``V`` for admission and accounting. A continued
+group still running at its moved deadline continues again, until the cap or no later buffer has
+room: then it is truncated, counted as a deadline truncation). The head is consumed due-first,
+and not while a due group is still running (a truncation under way lands in it).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from stalebound.core.policy import Admission, BufferBacked, _not_a
 __all__ = [
     "DEADLINE_ACTIONS",
     "DEADLINE_MOMENTS",
+    "DEFAULT_CONTINUE_MAX",
     "DEFAULT_GRACE_STEPS",
     "DEFAULT_SLACK",
     "GRACE_WINDOW",
@@ -55,6 +62,11 @@ DEFAULT_SLACK = 0
 DEFAULT_GRACE_STEPS = 0.25
 """The trainer's wait for a due group, in training steps (``rollout.deadline.grace_steps``),
 chosen on the real bench (docs/deadline.md)."""
+
+
+DEFAULT_CONTINUE_MAX = 2
+"""How many versions past ``V + η_h`` the deadline action ``continue`` may move a group's deadline
+(``rollout.deadline.continue_max``) before it truncates the group."""
 
 
 def default_margin(soft: int) -> int:
@@ -96,19 +108,29 @@ def deadline_bounds(soft: int | None, hard: int | None) -> tuple[int, int]:
 
 
 def deadline_knob_problems(
-    *, action: object, at: object, margin: object, slack: object = 0
+    *,
+    action: object,
+    at: object,
+    margin: object,
+    slack: object = 0,
+    continue_max: object = DEFAULT_CONTINUE_MAX,
 ) -> list[str]:
     """What is wrong with :class:`DeadlineBoundPolicy`'s arguments, as
     ``rollout.deadline.name=value: why`` lines (a config section is checked by its own class)."""
     problems = [
-        f"rollout.deadline.{name}={value!r}: must be an integer ≥ 0 (groups)"
-        for name, value in (("slack", slack), ("margin", margin))
+        f"rollout.deadline.{name}={value!r}: must be an integer ≥ 0 ({unit})"
+        for name, value, unit in (
+            ("slack", slack, "groups"),
+            ("margin", margin, "groups"),
+            ("continue_max", continue_max, "versions"),
+        )
         if not is_int(value) or value < 0  # type: ignore[operator]
     ]
     if action not in DEADLINE_ACTIONS:
         problems.append(
-            f"rollout.deadline.action={action!r}: must be 'truncate' (keep the partial output) "
-            "or 'abort' (throw it away)"
+            f"rollout.deadline.action={action!r}: must be 'truncate' (keep the partial output), "
+            "'abort' (throw it away) or 'continue' (keep generating; mask the tokens staler "
+            "than the bound)"
         )
     if at not in DEADLINE_MOMENTS:
         problems.append(
@@ -123,8 +145,9 @@ class DeadlineBoundPolicy(BufferBacked):
 
     ``buffer`` holds the hard bound (its ``staleness`` is ``η_h``, its ``buffer_size`` is
     ``B + slack``); ``counter`` the soft target (its ``max_staleness`` is ``η_s``, its limit on
-    concurrent rollouts the concurrency limit). ``action`` is ``truncate`` or ``abort``;
-    ``margin`` the admission margin in groups."""
+    concurrent rollouts the concurrency limit). ``action`` is ``truncate``, ``abort`` or
+    ``continue``; ``margin`` the admission margin in groups; ``continue_max`` how many versions
+    past ``V + η_h`` ``continue`` may move a deadline before it truncates."""
 
     name = "deadline"
     kind = PolicyKind.DEADLINE
@@ -137,6 +160,7 @@ class DeadlineBoundPolicy(BufferBacked):
         action: str = "truncate",
         margin: int = 0,
         at: str = "consume",
+        continue_max: int = DEFAULT_CONTINUE_MAX,
     ) -> None:
         problems = []
         if _not_a(StalenessBuffer, buffer):
@@ -154,7 +178,9 @@ class DeadlineBoundPolicy(BufferBacked):
                     f"counter.consumer_batch_size={counter.consumer_batch_size}: must equal the "
                     f"buffer's batch_size={buffer.batch_size}"
                 )
-        problems += deadline_knob_problems(action=action, at=at, margin=margin)
+        problems += deadline_knob_problems(
+            action=action, at=at, margin=margin, continue_max=continue_max
+        )
         if problems:
             raise ConfigError(problems)
         self.buffer = buffer
@@ -162,6 +188,7 @@ class DeadlineBoundPolicy(BufferBacked):
         self.action = Verdict(action)
         self.margin = margin
         self.at = at
+        self.continue_max = continue_max
         self._sentenced: set[Hashable] = set()  # due groups given their verdict, still running
 
     # ------------------------------------------------------------------ the policy's surface
@@ -251,9 +278,21 @@ class DeadlineBoundPolicy(BufferBacked):
         if trainer_waiting != (self.at == "consume"):
             return []
         due = [gid for gid in self._due_running(head) if gid not in self._sentenced]
+        if self.action is Verdict.CONTINUE:
+            return [(gid, self._continue(gid)) for gid in due]
         if self.action is Verdict.TRUNCATE:
             self._sentenced.update(due)
         return [(gid, self.action) for gid in due]
+
+    def _continue(self, gid: Hashable) -> Verdict:
+        """Move a due group's deadline on (``CONTINUE``), or truncate it once it has reached
+        ``continue_max`` versions past ``V + η_h`` or no later buffer has room."""
+        buf = self.buffer
+        until = _version(buf, gid) + buf.staleness + self.continue_max
+        if buf.extend(gid, until) is not None:
+            return Verdict.CONTINUE
+        self._sentenced.add(gid)
+        return Verdict.TRUNCATE
 
     def snapshot(self) -> dict[str, Any]:
         """The buffer's snapshot, the counter's state and the knobs, as plain data."""
@@ -266,6 +305,7 @@ class DeadlineBoundPolicy(BufferBacked):
             "stat": dict(vars(c.stat)),
             "action": self.action,
             "margin": self.margin,
+            "continue_max": self.continue_max,
         }
 
     def load_snapshot(self, snapshot: Mapping[str, Any]) -> None:
@@ -299,14 +339,7 @@ class DeadlineBoundPolicy(BufferBacked):
         buf = self.buffer
         if head != buf.version:
             return []
-        eta = buf.staleness
-        due = []
-        for gid in buf.reserved_groups(head):
-            where = buf.lookup(gid)
-            assert where is not None
-            if where[2] + eta == head:
-                due.append(gid)
-        return due
+        return [gid for gid in buf.reserved_groups(head) if buf.deadline(gid) == head]
 
     def _make_ready(self) -> None:
         """Consume at capacity's pace: once B groups have completed anywhere in the window, pull
@@ -320,10 +353,9 @@ class DeadlineBoundPolicy(BufferBacked):
             if buf.ready() or len(buf) - buf.reserved_count == len(buf.occupied_groups(v)):
                 return  # ready, or nothing left to pull
             # the head has no free entry: defer its not-due reservation with the most slack
-            eta = buf.staleness
             movable = sorted(
-                (g for g in buf.reserved_groups(v) if _version(buf, g) + eta > v),
-                key=lambda g: -_version(buf, g),
+                (g for g in buf.reserved_groups(v) if buf.deadline(g) > v),
+                key=lambda g: -buf.deadline(g),
             )
             if not any(buf.defer(g) is not None for g in movable):  # stops at the first
                 return

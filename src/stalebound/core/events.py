@@ -344,10 +344,13 @@ class HandedGroup:
 
 @_frozen
 class HandOverBatch:
-    """Buffer ``version`` was consumed: hand ``groups`` to the trainer, in order."""
+    """Buffer ``version`` was consumed: hand ``groups`` to the trainer, in order. ``continued``:
+    the ids of those the deadline action ``continue`` let run past their deadline (the trainer
+    masks their tokens older than ``version − η``)."""
 
     version: int
     groups: tuple[HandedGroup, ...]
+    continued: tuple[int, ...] = ()
 
 
 @_frozen

@@ -105,6 +105,7 @@ class GroupRun:
 
     __slots__ = (
         "accept",
+        "continued",
         "gid",
         "progress",
         "retries",
@@ -125,6 +126,7 @@ class GroupRun:
         self.version = version
         self.progress = now  # when it last produced something (the watchdog's clock)
         self.truncating = False
+        self.continued = False  # the deadline action continue moved its deadline on
         self.truncated: set[int] | None = None  # member numbers cut short
         self.versions: dict[int, tuple[int, ...]] | None = None  # per-token versions by member
 
@@ -301,7 +303,7 @@ class Ledger:
             n += len(members)
         c.consumed_groups += len(batch.groups)
         c.consumed_trajectories += n
-        return HandOverBatch(batch.version, tuple(handed))
+        return HandOverBatch(batch.version, tuple(handed), batch.continued)  # type: ignore[arg-type]
 
     def teardown(
         self, gid: int, op: GroupOp, cause: Cause, out: list[Action], *, in_policy: bool = True
@@ -341,6 +343,13 @@ class Ledger:
         for m in members:
             self.counts.cancelled_members[cause] += 1
             out.append(AbortRequest(m, cause))
+
+    def continued(self, g: GroupRun) -> None:
+        """The deadline action ``continue`` moved a running group's deadline on (it keeps
+        generating): counted once per group, and once per move."""
+        self.counts.continued_groups += not g.continued
+        self.counts.continuations += 1
+        g.continued = True
 
     def truncate(self, g: GroupRun, cause: Cause, out: list[Action]) -> None:
         """Cut the group's running members short: they return their partial outputs."""

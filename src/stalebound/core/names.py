@@ -54,7 +54,8 @@ class Cause(Name):
     BAD_VERSIONS = "bad_versions"
     """The engine reported token versions outside the group's window: the group failed."""
     DEADLINE = "deadline"
-    """The deadline policy truncated or aborted a group still running at its deadline."""
+    """The deadline policy truncated or aborted a group still running at its deadline (or at
+    the end of its continuation, under ``continue``)."""
     STOPPED = "stopped"
     SHUTDOWN = "shutdown"
     RESUMED = "resumed"
@@ -101,9 +102,11 @@ class Verdict(Name):
     TRUNCATE = "truncate"
     ABORT = "abort"
     RETRY = "retry"
+    CONTINUE = "continue"
+    """The deadline action that lets a due group keep generating (token-level bound)."""
 
 
-DEADLINE_ACTIONS = (Verdict.TRUNCATE, Verdict.ABORT)
+DEADLINE_ACTIONS = (Verdict.TRUNCATE, Verdict.ABORT, Verdict.CONTINUE)
 """What a deadline policy may do to a group still running at its deadline."""
 
 

@@ -68,6 +68,10 @@ class PolicyStatistics:
     staleness_histogram: Mapping[int, int]
     violations: int
     """Consumed groups staler than the bound (always 0 for the buffer policy)."""
+    continued: int = 0
+    """Deadlines moved past the bound by the deadline action ``continue`` (a group continued
+    twice counts twice); such groups are trained with their too-old tokens masked, and are not
+    violations."""
 
     @property
     def staleness_bound(self) -> int:
@@ -111,7 +115,8 @@ class StalenessPolicy(Protocol):
         self, head: int, *, trainer_waiting: bool = False, overdue: bool = False
     ) -> Sequence[tuple[Hashable, Verdict]]:
         """Running groups whose deadline buffer is ``head`` and what to do with them:
-        ``TRUNCATE`` (force-complete with the partial output) or ``ABORT`` (counted as wasted).
+        ``TRUNCATE`` (force-complete with the partial output), ``ABORT`` (counted as wasted) or
+        ``CONTINUE`` (the policy already moved its deadline on: it keeps generating).
 
         Asked each time a buffer becomes the head (after a consume), with ``trainer_waiting``
         each time the trainer asks for a batch the head cannot give yet, and with ``overdue``
@@ -217,7 +222,8 @@ class BufferBacked:
             aborted=s.aborted,
             dropped=s.dropped,
             staleness_histogram=s.staleness_histogram,
-            violations=sum(n for k, n in s.staleness_histogram.items() if k > s.staleness),
+            violations=s.violations,
+            continued=s.extended,
         )
 
 

@@ -16,7 +16,12 @@ from typing import Any
 from stalebound.core.buffer import StalenessBuffer
 from stalebound.core.capacity import CapacityCounter
 from stalebound.core.checks import is_int
-from stalebound.core.deadline import DeadlineBoundPolicy, deadline_bounds, default_margin
+from stalebound.core.deadline import (
+    DEFAULT_CONTINUE_MAX,
+    DeadlineBoundPolicy,
+    deadline_bounds,
+    default_margin,
+)
 from stalebound.core.errors import ConfigError
 from stalebound.core.filters import GroupPostProcess, get_group_post_process
 from stalebound.core.policy import BufferPolicy, CapacityPolicy, StalenessPolicy
@@ -73,7 +78,11 @@ class CoordinatorSettings:
     deadline_slack: int = 0
     """``deadline`` only: entries per buffer beyond B′ (B′ + slack in all)."""
     deadline_action: str = "truncate"
-    """``deadline`` only: ``truncate`` or ``abort`` a group still running at its deadline."""
+    """``deadline`` only: ``truncate``, ``abort`` or ``continue`` a group still running at its
+    deadline."""
+    deadline_continue_max: int = DEFAULT_CONTINUE_MAX
+    """``deadline`` only, under ``continue``: how many versions past ``V + η_h`` a group may
+    continue before it is truncated."""
     admission_margin: int = 0
     """``deadline`` only: admit only while AReaL's capacity exceeds this many groups."""
     deadline_grace: float | None = None
@@ -96,7 +105,7 @@ class CoordinatorSettings:
         alternative without it; ``None`` when nothing does."""
         if self.proactive == "truncate":
             return "proactive_filter.method", "method=retry"
-        if self.policy == "deadline" and self.deadline_action == "truncate":
+        if self.policy == "deadline" and self.deadline_action in ("truncate", "continue"):
             return "deadline.action", "deadline.action=abort"
         return None
 
@@ -207,6 +216,7 @@ def resolve_settings(
             else {
                 "deadline_slack": dl.slack,
                 "deadline_action": dl.action,
+                "deadline_continue_max": dl.continue_max,
                 "admission_margin": default_margin(soft or 0) if dl.margin is None else dl.margin,
                 "deadline_at": dl.at,
                 "deadline_grace": dl.grace_s,
@@ -255,6 +265,7 @@ def build_policy(
             action=s.deadline_action,
             margin=s.admission_margin,
             at=s.deadline_at,
+            continue_max=s.deadline_continue_max,
         )
     if counter is None:
         counter = CapacityCounter(s.max_concurrent, s.batch_size, s.staleness)

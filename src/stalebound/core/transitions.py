@@ -56,6 +56,8 @@ class EntryOp(enum.Enum):
     REPLACE = "replace"
     PULL_FORWARD = "pull_forward"
     DEFER = "defer"
+    EXTEND = "extend"
+    """The deadline action ``continue``: a due reservation moves past its deadline."""
 
 
 class GroupState(enum.Enum):
@@ -106,6 +108,7 @@ ENTRY_TRANSITIONS: Mapping[tuple[EntryState, EntryOp], EntryState] = MappingProx
         (_E.RESERVED, EntryOp.ABORT): _E.EMPTY,
         (_E.RESERVED, EntryOp.SURPLUS): _E.EMPTY,
         (_E.RESERVED, EntryOp.DEFER): _E.RESERVED,
+        (_E.RESERVED, EntryOp.EXTEND): _E.RESERVED,
         (_E.OCCUPIED, EntryOp.ABORT): _E.EMPTY,
         (_E.OCCUPIED, EntryOp.CONSUME): _E.EMPTY,
         (_E.OCCUPIED, EntryOp.DROP): _E.EMPTY,

@@ -19,7 +19,12 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from stalebound.core.checks import SYNCHRONOUS_FIX
-from stalebound.core.deadline import DEFAULT_GRACE_STEPS, DEFAULT_SLACK, deadline_bounds
+from stalebound.core.deadline import (
+    DEFAULT_CONTINUE_MAX,
+    DEFAULT_GRACE_STEPS,
+    DEFAULT_SLACK,
+    deadline_bounds,
+)
 from stalebound.core.proactive import DEFAULT_MAX_RETRIES, DEFAULT_THRESHOLD
 from stalebound.typedconfig import Invalid, Switch, bounds, null_means
 
@@ -120,9 +125,18 @@ class DeadlineConfig:
         default=DEFAULT_SLACK, metadata=bounds(ge=0, fix=f"e.g. {DEFAULT_SLACK} (the default)")
     )
     """Entries per buffer beyond ``buffer_size``."""
-    action: Literal["truncate", "abort"] = "truncate"
+    action: Literal["truncate", "abort", "continue"] = "truncate"
     """What happens to a group still running at its deadline: ``truncate`` keeps its partial
-    output (marked truncated), ``abort`` throws it away (counted as wasted)."""
+    output (marked truncated), ``abort`` throws it away (counted as wasted), ``continue`` lets it
+    keep generating under newer weights past its deadline (up to ``continue_max`` versions); the
+    trainer then masks its tokens staler than ``rollout.staleness`` from the loss, so no trained
+    token is staler than the bound."""
+    continue_max: int = field(
+        default=DEFAULT_CONTINUE_MAX,
+        metadata=bounds(ge=0, fix=f"e.g. {DEFAULT_CONTINUE_MAX} (the default)"),
+    )
+    """Under ``action: continue``: how many versions past its deadline a group may keep
+    generating; one still running then is truncated (counted as a deadline truncation)."""
     at: Literal["consume", "head"] = "consume"
     """When the deadline falls: when the trainer asks for the deadline buffer (``consume``), or
     already when that buffer becomes the head, one training step earlier (``head``)."""

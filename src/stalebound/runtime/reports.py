@@ -26,14 +26,15 @@ logger = logging.getLogger("stalebound.runtime.executor")  # the executor's log,
 
 def trajectories(batch: ev.HandOverBatch) -> Iterator[tuple[int, tuple[Trajectory, ...]]]:
     """Each handed-over group's sample index and its trajectories, in order."""
-    v = batch.version
+    v, continued = batch.version, batch.continued
     for g in batch.groups:
         gid, sample = g.group_id, g.sample
+        on = gid in continued
         yield (
             sample,
             tuple(
                 [
-                    Trajectory(result, gid, member[1], version, v, v - version, tv, cut, sample)
+                    Trajectory(result, gid, member[1], version, v, v - version, tv, cut, sample, on)
                     for (member, version, result), tv, cut in g.members
                 ]
             ),

@@ -42,6 +42,9 @@ class Trajectory(NamedTuple):
     sample_index: int = -1
     """Which data item it came from: items are numbered from 0 in the order the executor took
     them in (``submit`` calls and data-loader draws), across resumes (see ``drain_outcomes``)."""
+    continued: bool = False
+    """The deadline action ``continue`` let its group run past its deadline: its staleness may
+    exceed η, and its tokens generated before ``consumed_version − η`` are to be masked."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,11 @@ class ExecutorStatistics:
     deadline_groups: int = 0
     """Running groups a deadline policy truncated or aborted when their deadline buffer became
     the head (always 0 for the buffer and capacity policies)."""
+    continued_groups: int = 0
+    """Running groups the deadline action ``continue`` let run past their deadline buffer (each
+    counted once; trained with their tokens older than the bound masked)."""
+    continuations: int = 0
+    """Deadlines ``continue`` moved on (a group continued twice counts twice)."""
     overdue_groups: int = 0
     """Of those, groups aborted because they had not landed ``deadline.grace_s`` after the trainer
     started waiting for them (a truncation cannot cut a wait for a reward, nor a wait the workflow

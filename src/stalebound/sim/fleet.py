@@ -51,6 +51,7 @@ class Fleet:
         tokens = 0.0
         trained = truncated = 0
         for hg in a.groups:
+            continued = hg.group_id in a.continued
             for r, _, cut in hg.members:
                 m: Member = r.result
                 m.state = GONE
@@ -60,6 +61,8 @@ class Fleet:
                 if cut:
                     meter.tokens["truncated"] += m.tokens
                 meter.histogram[a.version - r.version] += 1
+                if continued:
+                    meter.continued[a.version - r.version] += 1
                 if self.recorder is not None:
                     self.record(m, "trained", not cut, now)
             g = self.groups.pop(hg.group_id)

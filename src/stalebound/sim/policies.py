@@ -35,6 +35,7 @@ POLICIES = (
     "deadline",
     "deadline-tight",
     "deadline-abort",
+    "deadline-continue",
 )
 
 
@@ -84,6 +85,9 @@ def policy_spec(name: str) -> PolicySpec:
         "deadline": PolicySpec("deadline", "deadline"),
         "deadline-tight": PolicySpec("deadline-tight", "deadline", tight=True),
         "deadline-abort": PolicySpec("deadline-abort", "deadline", deadline_action="abort"),
+        "deadline-continue": PolicySpec(
+            "deadline-continue", "deadline", deadline_action="continue"
+        ),
     }
     if name not in specs:
         raise ConfigError(f"policy={name!r}: unknown policy; use one of {', '.join(POLICIES)}")

@@ -170,6 +170,9 @@ class Meter:
             "truncated": 0.0,  # trained tokens of truncated trajectories
         }
         self.histogram: Counter[int] = Counter()
+        self.continued: Counter[int] = Counter()
+        """The trained trajectories of :attr:`histogram` whose group the deadline action
+        ``continue`` let run past its deadline (their too-old tokens masked: not violations)."""
         # the head buffer's state over time (buffer policies)
         self._head = BufferState.PENDING
         self._head_since = 0.0
@@ -260,7 +263,8 @@ class Meter:
             trainer_util=trainer_util,
             engine_util=engine_util,
             staleness_histogram=dict(sorted(self.histogram.items())),
-            violations=sum(n for k, n in self.histogram.items() if k > hard),
+            violations=sum(n for k, n in self.histogram.items() if k > hard)
+            - sum(n for k, n in self.continued.items() if k > hard),
             wasted_fraction=self.tokens["wasted"] / decided if decided else 0.0,
             stuck_fraction=stuck,
             blocked_fraction=blocked,

@@ -550,6 +550,7 @@ class Simulation:
         counts["pulled_forward"] = c.pulled_forward_groups
         counts["groups_truncated"] = c.truncated_groups
         counts["overdue_groups"] = c.overdue_groups
+        counts["continued_groups"] = c.continued_groups
         counts.update(self.conservation())
         return self.meter.result(
             self.queue.now,

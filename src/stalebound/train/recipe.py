@@ -85,6 +85,7 @@ from stalebound.train.outcome import (
 )
 from stalebound.train.preflight import Plan, preflight, refuse_a_held_run_dir
 from stalebound.train.runlock import RunLock
+from stalebound.train.tokenbound import mask_stale_tokens, token_bound
 from stalebound.typedconfig import to_plain
 
 __all__ = ["TrainRecipe", "run_training"]
@@ -308,6 +309,8 @@ class TrainRecipe:
         self.trainer = self.backend.trainer(
             cfg, self.model, self.tokenizer, policy_dir, version, base_dir=run_dir / "policy-v0"
         )
+        ro = cfg.rollout
+        self._token_bound = token_bound(ro.staleness_policy, ro.deadline.action, ro.staleness)
         self._on_failure.append(("the trainer", lambda: self.backend.close_trainer(self.trainer)))
         self.trainer.publish(self._publish)
 
@@ -511,6 +514,11 @@ class TrainRecipe:
                 traj.version = t.version
                 groups.setdefault(t.group_id, []).append(traj)
                 staleness.append(t.staleness)
+            masked = 0
+            if self._token_bound is not None:  # continued groups: their too-old tokens go
+                masked = mask_stale_tokens(
+                    (t.data for t in batch), consumed_version, self._token_bound
+                )
             t1 = time.monotonic()
             self._publish_s = 0.0
             stats = self.trainer.step(list(groups.values()), batch_version=consumed_version)
@@ -531,6 +539,7 @@ class TrainRecipe:
             if step == cfg.run.steps:  # the run's last line holds the final counts
                 es = executor.statistics()
             metrics.update(
+                tokens_masked_stale=float(masked),
                 trajectories_per_s=progress.trained / elapsed,
                 trainer_idle_fraction=progress.waited / elapsed,
                 wait_start_s=t0 - start,
@@ -736,6 +745,7 @@ def executor_metrics(es: ExecutorStatistics) -> dict[str, float]:
         "aborted_tokens": float(sum(es.aborted_tokens.values())),
         "discarded_members": float(sum(es.discarded_members.values())),
         "deadline_groups": float(es.deadline_groups),
+        "continued_groups": float(es.continued_groups),
         "overdue_groups": float(es.overdue_groups),
         "stuck_seconds": es.stuck_seconds,
         **{f"failed_members/{cause}": float(n) for cause, n in es.member_failures.items()},
