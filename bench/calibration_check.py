@@ -6,7 +6,10 @@ predicted figures with their errors — the check ``tests/test_sim_calibrate.py`
 recorded run, made on a fresh one. Its figures depend on the machine and its load (the run and
 the fit come from the same run, so load moves both); the test, on the recorded run, does not.
 
-    .venv/bin/python bench/calibration_check.py [--runs 3]
+    .venv/bin/python bench/calibration_check.py [--runs 3] [--workload longtail]
+
+``--workload longtail`` trains ``configs/bench-longtail.yaml`` (30 steps, the deadline recipe,
+generation lengths with a long tail) instead.
 """
 
 from __future__ import annotations
@@ -31,11 +34,17 @@ def _settings() -> list[str]:
     return list(module.SETTINGS)
 
 
-def one_run(tmp: Path) -> dict[str, tuple[float, float]]:
+LONGTAIL = Path(__file__).resolve().parent.parent / "src/stalebound/configs/bench-longtail.yaml"
+
+
+def one_run(tmp: Path, workload: str) -> dict[str, tuple[float, float]]:
     run = tmp / "run"
-    code = stalebound(
-        ["train", f"run.run_dir={run}", f"engine.cache_dir={tmp}/models", *_settings()]
+    settings = (
+        [str(LONGTAIL), "run.live=false", "run.plots=false"]
+        if workload == "longtail"
+        else _settings()
     )
+    code = stalebound(["train", f"run.run_dir={run}", f"engine.cache_dir={tmp}/models", *settings])
     if code:
         raise SystemExit(code)
     measured = measure(run)
@@ -51,11 +60,12 @@ def one_run(tmp: Path) -> dict[str, tuple[float, float]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1, help="runs to train and predict (1)")
+    parser.add_argument("--workload", choices=["default", "longtail"], default="default")
     args = parser.parse_args(argv)
     rows = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
-            rows.append(one_run(Path(tmp)))
+            rows.append(one_run(Path(tmp), args.workload))
     print("| run | figure | measured | predicted | error |")
     print("|--:|:--|--:|--:|--:|")
     for number, row in enumerate(rows, 1):
