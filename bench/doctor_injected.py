@@ -10,8 +10,8 @@ docs/doctor.md table). The injections:
 * η = 0: the delay is the steps' waits (after the first) beyond the uninjected row's;
 * a 0.5 s sleep before each weight publication: 0.5 s for each step;
 * a long tail of generation lengths (the ``strings`` task's ``copy`` of log-normal words, as in
-  ``configs/bench-longtail.yaml``, η = 1): the delay is the steps' waits beyond those of the same
-  run with every word of the median length;
+  ``configs/bench-longtail.yaml``, at the recipe's η = 4): the delay is the steps' waits beyond
+  those of the same run with every word of the median length;
 * processes spinning on the core the training thread is pinned to (``os.sched_setaffinity``,
   Linux): the delay is the steps' training time (``step_time_s``) beyond the uninjected row's.
 
@@ -108,7 +108,7 @@ def per_step(seconds: float, first: int) -> Callable[[Path, Path], float]:
 
 
 DEFAULT = "none (the default, η = 4)"
-SHORT_WORDS = "strings, every word 2 letters (η = 1)"
+SHORT_WORDS = "strings, every word 2 letters (η = 4)"
 LONG_TAIL = [
     "task.name=strings",
     "task.partial_credit=true",
@@ -116,7 +116,7 @@ LONG_TAIL = [
     "task.strings.operations=[copy]",
     "task.reward_latency.distribution=none",
     "train.micro_batch_tokens=4096",  # as configs/bench-longtail.yaml: training costs its tokens
-    "rollout.staleness=1",
+    "rollout.staleness=4",
 ]
 
 
@@ -160,7 +160,7 @@ ROWS = [
         shown=False,
     ),
     Row(
-        "long tail: strings, log-normal words (η = 1)",
+        "long tail: strings, log-normal words (η = 4)",
         "generation",
         [
             *LONG_TAIL,
