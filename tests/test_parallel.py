@@ -212,7 +212,7 @@ def test_stalebound_train_with_two_fsdp_ranks_learns_within_the_bound(
             "run.steps=30",
             f"run.run_dir={run}",
             "run.live=false",
-            "run.eval_prompts=60",
+            "run.eval_prompts=200",
             "run.plots=false",
             f"engine.cache_dir={tmp_path_factory.mktemp('models')}",
         ]
@@ -221,10 +221,14 @@ def test_stalebound_train_with_two_fsdp_ranks_learns_within_the_bound(
     summary = json.loads((run / "summary.json").read_text())
     assert summary["violations"] == 0 and summary["max_staleness"] <= summary["staleness"]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # learning: the sampled reward of the last ten steps (2,560 trajectories) above the first
+    # ten's, and greedy accuracy on 200 held-out prompts up by 0.05 or more. The sampled reward
+    # alone rises by about 0.05 in 30 steps (once 0.049), too close to any fixed margin.
     first, last = (
         sum(r["reward_mean"] for r in part) / 10 for part in (records[:10], records[-10:])
     )
-    assert last >= first + 0.05, (first, last, summary)
+    assert last >= first + 0.02, (first, last, summary)
+    assert summary["eval_after"] >= summary["eval_before"] + 0.05, summary
     assert [r["step"] for r in records] == list(range(1, 31))
     assert all(r["num_groups"] == 32 for r in records)  # the whole batch, across both ranks
     assert has_sharded_optimizer(run / "checkpoints" / "step-000030")
