@@ -28,7 +28,7 @@ from stalebound.core import (
     build_policy,
     resolve_settings,
 )
-from stalebound.core.deadline import DeadlineBoundPolicy, deadline_bounds
+from stalebound.core.deadline import DeadlineBoundPolicy, deadline_bounds, stale_tokens
 from stalebound.core.events import (
     DEADLINE_TIMER,
     AbortRequest,
@@ -426,19 +426,22 @@ class DeadlineMachine(RuleBasedStateMachine):
             assert all(d == head for _, d in deadline_hits) and not due
             return actions
         # the deadline action fires exactly at the deadline: when the deadline buffer becomes the
-        # head (at=head), or when the trainer asks for it and it cannot be consumed (at=consume)
+        # head (at=head), or when the trainer asks for it and it cannot be consumed (at=consume;
+        # what the action does may let it be consumed in the same request)
         if self.at == "head":
-            moment = head != before
+            moment, acted_on = head != before, head
         else:
-            moment = isinstance(event, BatchWanted) and head == before
+            moment, acted_on = isinstance(event, BatchWanted), before
         for _, d in deadline_hits:
-            assert moment and d == head
+            assert moment and d == acted_on
         if deadline_hits:
             note_event(f"deadline action: {self.action} at {self.at}")
         if moved:
             assert moment and self.action == "continue"
             note_event("deadline action: continue")
-        if moment:
+        if (deadline_hits or moved) and head != acted_on:
+            note_event(f"deadline action {self.action}: the head consumed in the same request")
+        if moment and head == acted_on:
             if self.action == "abort":
                 assert not due
             else:  # truncate, or continue: nothing left due at the head but what is being cut
@@ -692,6 +695,7 @@ def test_a_continued_straggler_is_trained_a_version_late_and_reported_not_as_a_v
     c.handle(MemberFinished(MemberId(0, 0), 1.0, "r0"))
     (first, *_) = c.handle(BatchWanted(1, 2.0))
     assert isinstance(first, HandOverBatch) and first.continued == ()
+    assert first.oldest_token is None  # nothing to mask
     c.handle(Submitted(2))
     c.handle(Dispatch(2.0, 1))  # g2 at version 1
     waiting = c.handle(BatchWanted(1, 3.0))  # buffer 1, g1's deadline: it continues
@@ -703,6 +707,7 @@ def test_a_continued_straggler_is_trained_a_version_late_and_reported_not_as_a_v
     c.handle(MemberFinished(MemberId(1, 0), 5.0, "late"))
     (third, *_) = c.handle(BatchWanted(1, 6.0))
     assert isinstance(third, HandOverBatch) and third.version == 2 and third.continued == (1,)
+    assert third.oldest_token == 1  # its tokens from version 0 are staler than 2 − η_h
     (g1,) = third.groups
     assert g1.version == 0 and not g1.members[0][2]  # V_traj kept; not truncated
     counts, stats = c.counts, c.policy_statistics()
@@ -729,6 +734,12 @@ def test_a_straggler_still_running_at_the_continue_cap_is_truncated_and_counted(
         1,
         1,
     )
+
+
+def test_the_tokens_staler_than_the_bound_are_those_generated_before_the_oldest_version() -> None:
+    assert stale_tokens([0, 0, 1, 2, 3], oldest=2) == (0, 1, 2)
+    assert stale_tokens([-1, -1, 3, 3], oldest=2) == (0, 1)  # AReaL's prompt tokens carry −1
+    assert stale_tokens([], oldest=2) == ()
 
 
 def test_continue_max_must_be_a_count_of_versions() -> None:

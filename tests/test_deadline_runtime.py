@@ -13,16 +13,16 @@ from typing import Any, Literal
 
 import pytest
 
-from scripted import Episode, ProtocolEngine, quiesce
+from scripted import Episode, GenerateRequest, ProtocolEngine, quiesce
 from stalebound.config import DeadlineConfig, RolloutConfig
 from stalebound.core import ConfigError
-from stalebound.runtime import EpisodeTruncated, WorkflowExecutor, interruptible
+from stalebound.runtime import EpisodeTruncated, RolloutError, WorkflowExecutor, interruptible
 from stalebound.runtime.cut import CutSignal
 
 
 def make(
     engine: Any,
-    action: Literal["truncate", "abort"] = "truncate",
+    action: Literal["truncate", "abort", "continue"] = "truncate",
     at: Literal["consume", "head"] = "consume",
     group_size: int = 1,
     grace: float | None = None,
@@ -86,6 +86,74 @@ def test_abort_at_the_deadline_throws_the_straggler_away_and_counts_it() -> None
         assert s.deadline_groups == 1 and s.truncated_trajectories == 0
         assert s.cancelled_members == {"deadline": 1}
         assert ex.drain_outcomes()[-1][1] == "deadline"
+
+
+class SwappingWeights:
+    """One request whose first two tokens come from the version the engine held when it began and
+    the rest from the version it holds when the test answers (the engine swapped weights between
+    tokens); the second token is a tool's (out of the loss already). ``versions=False``: the
+    trajectory tells no token versions."""
+
+    def __init__(self, versions: bool = True) -> None:
+        self.versions = versions
+
+    async def arun_episode(self, engine: Any, data: Any) -> dict[str, Any]:
+        start = engine.get_version()
+        response = await engine.agenerate(GenerateRequest(f"r-{data}", str(data)))
+        n, end = len(response.output_ids), engine.get_version()
+        out = {"prompt": data, "loss_mask": [1, 0] + [1] * (n - 2)}
+        if self.versions:
+            out["versions"] = [start] * 2 + [end] * (n - 2)
+        return out
+
+
+def continued_straggler(workflow: SwappingWeights) -> list[Any]:
+    """η_h = 1: g1 (V = 0) is still generating when buffer 1, its deadline, is wanted; it continues
+    into buffer 2, finishes under version 2 and is handed over at version 2 (the third batch)."""
+    engine = ProtocolEngine()
+    batches = []
+    with make(engine, action="continue") as ex:
+        for name in ["g0", "g1"]:
+            ex.submit(name, workflow)
+        quiesce(ex, engine)
+        engine.answer(engine.call("g0"), tokens=4)
+        quiesce(ex, engine)
+        batches += ex.wait(1, timeout=60)
+        ex.set_version(1)
+        ex.submit("g2", workflow)
+        quiesce(ex, engine)
+        engine.answer(engine.call("g2"), tokens=4)
+        quiesce(ex, engine)
+        batches += ex.wait(1, timeout=60)  # buffer 1: g1 is due and running: it continues
+        assert batches[-1].data["prompt"] == "g2" and ex.statistics().continuations == 1
+        assert engine.aborts == []  # it goes on generating
+        ex.set_version(2)
+        engine.answer(engine.call("g1"), tokens=5)
+        quiesce(ex, engine)
+        batches += ex.wait(1, timeout=60)
+    return batches
+
+
+def test_continue_masks_a_continued_groups_stale_tokens_before_the_executor_hands_it_over() -> None:
+    """g1's two tokens from version 0 are staler than 2 − η_h: they leave the loss before any
+    caller of the executor sees the trajectory (one was a tool's token, out of the loss already:
+    counted once)."""
+    first, second, late = continued_straggler(SwappingWeights())
+    assert late.data["prompt"] == "g1" and late.continued
+    assert (late.version, late.consumed_version, late.staleness) == (0, 2, 2)
+    assert late.data["versions"] == [0, 0, 2, 2, 2]
+    assert late.data["loss_mask"] == [0, 0, 1, 1, 1] and late.masked_tokens == 1
+    for fresh in (first, second):  # within the bound: untouched
+        assert not fresh.continued and fresh.masked_tokens == 0
+        assert fresh.data["loss_mask"] == [1, 0, 1, 1]
+
+
+def test_a_continued_trajectory_without_token_versions_stops_the_executor_naming_the_fix() -> None:
+    with pytest.raises(
+        RolloutError,
+        match="handing over batch 2 failed: a continued trajectory reports no token versions",
+    ):
+        continued_straggler(SwappingWeights(versions=False))
 
 
 def test_a_group_aborted_at_its_deadline_counts_its_finished_members_as_discarded() -> None:
@@ -242,3 +310,39 @@ def test_truncation_needs_an_engine_that_can_abort() -> None:
 
     with pytest.raises(ConfigError, match=r"deadline.action='truncate'.*NoAbort has no abort"):
         make(NoAbort())
+
+
+def test_stale_tokens_leave_a_loss_mask_of_any_form_the_trajectory_carries() -> None:
+    """A list under a key, a missing mask (all ones), a ``[1, seqlen]`` tensor in place (AReaL's
+    TensorDict rows) and an attribute: each loses exactly the positions given, counted once."""
+    import torch
+
+    from stalebound.runtime.episodes import mask_tokens
+
+    keyed = {"loss_mask": (1, 0, 1, 1)}
+    assert mask_tokens(keyed, (0, 1), 4) == 1 and keyed["loss_mask"] == [0, 0, 1, 1]
+    missing: dict[str, Any] = {}
+    assert mask_tokens(missing, (2,), 3) == 1 and missing["loss_mask"] == [1, 1, 0]
+    rows = torch.ones(1, 4, dtype=torch.int64)
+    tensor = {"loss_mask": rows}
+    assert mask_tokens(tensor, (0, 3), 4) == 2 and tensor["loss_mask"] is rows
+    assert rows.tolist() == [[0, 1, 1, 0]]
+
+    class Record:
+        loss_mask = None
+
+    record = Record()
+    assert mask_tokens(record, (), 2) == 0 and record.loss_mask == [1, 1]
+
+
+def test_a_loss_mask_that_cannot_be_lined_up_with_the_token_versions_is_refused() -> None:
+    from stalebound.core import ProtocolError
+    from stalebound.runtime.episodes import mask_tokens
+
+    with pytest.raises(ProtocolError) as e:
+        mask_tokens({"loss_mask": [1, 1]}, (0,), 3)
+    assert str(e.value) == (
+        "a continued trajectory reports 3 token versions and a loss_mask of 2 tokens: the "
+        "executor masks the tokens staler than the bound by position, so give loss_mask and "
+        "token_versions (or versions) one entry per token each"
+    )

@@ -485,7 +485,8 @@ class StalenessBuffer:
             aborted=surplus,
             dropped=tuple(g.group_id for g in dropped),
             dropped_groups=tuple(ConsumedGroup(g.group_id, g.version, g.payload) for g in dropped),
-            continued=tuple([g.group_id for g in taken if g.extended]),
+            continued=(continued := tuple([g.group_id for g in taken if g.extended])),
+            oldest_token=v - self.staleness if continued else None,
         )
 
     def pull_forward(self, buffer_version: int | None = None) -> tuple[Hashable, ...]:

@@ -58,7 +58,8 @@ class ConsumedBatch:
     admissible place left; ``dropped_groups`` carries them with their payloads, so that their cost
     can be counted. ``continued`` are the ids of the groups of ``groups`` whose deadline the
     deadline action ``continue`` moved past ``V + η``: trained later than their version allows,
-    with their tokens older than ``version − η`` masked from the loss.
+    with their tokens generated before ``oldest_token`` (``version − η``; ``None`` when no group
+    was continued) masked from the loss.
     """
 
     version: int
@@ -67,6 +68,7 @@ class ConsumedBatch:
     dropped: tuple[Hashable, ...] = ()
     dropped_groups: tuple[ConsumedGroup, ...] = ()
     continued: tuple[Hashable, ...] = ()
+    oldest_token: int | None = None
 
     def staleness(self) -> list[int]:
         """Staleness of each consumed group: this batch's version minus the group's version."""

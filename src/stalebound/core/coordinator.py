@@ -382,20 +382,26 @@ class Coordinator:
         given = 0
         policy, grace = self.policy, self._grace
         grace.asked(e.now)
-        while given < e.groups and policy.ready():
-            batch = policy.consume()
-            self._proactive.consumed(batch.version + 1)
-            out.append(self._ledger.consumed(batch, out))
-            given += len(batch.groups)
-            out.append(_WAKE)
-            grace.new_head(out)
-            self._deadline(grace.verdicts(), e.now, out)
-            self._check_head(e.now, out)
+        while True:
+            while given < e.groups and policy.ready():
+                batch = policy.consume()
+                self._proactive.consumed(batch.version + 1)
+                out.append(self._ledger.consumed(batch, out))
+                given += len(batch.groups)
+                out.append(_WAKE)
+                grace.new_head(out)
+                self._deadline(grace.verdicts(), e.now, out)
+                self._check_head(e.now, out)
+            if given >= e.groups:
+                break
+            # the trainer waits on the head: a deadline policy may act now, and what it does (a
+            # straggler's deadline moved on, say) may leave the head ready without it
+            self._deadline(grace.verdicts(trainer_waiting=True), e.now, out)
+            if not policy.ready():
+                grace.wait(e.now, out)
+                break
         if given and given >= e.groups:  # the request is met: the trainer's step starts
             grace.handed(e.now)
-        if given < e.groups:  # the trainer waits on the head: a deadline policy may act now
-            self._deadline(grace.verdicts(trainer_waiting=True), e.now, out)
-            grace.wait(e.now, out)
         return out
 
     # ------------------------------------------------------------------ stopping

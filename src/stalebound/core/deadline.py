@@ -52,6 +52,7 @@ __all__ = [
     "deadline_bounds",
     "deadline_knob_problems",
     "default_margin",
+    "stale_tokens",
 ]
 
 MARGIN_PER_TARGET = 4
@@ -75,6 +76,17 @@ def default_margin(soft: int) -> int:
     0.03 for about 0.8 % of throughput, and the staleness the deadline policy would otherwise
     add over AReaL's grows with η_s (docs/deadline.md)."""
     return -(-soft // MARGIN_PER_TARGET)
+
+
+def stale_tokens(token_versions: Sequence[int], oldest: int) -> tuple[int, ...]:
+    """The positions of the tokens generated before version ``oldest``: the ones a continued
+    group's trajectory may not train on (``oldest`` is its batch's ``version − η_h``,
+    :attr:`~stalebound.core.events.HandOverBatch.oldest_token`).
+
+    >>> stale_tokens([0, 0, 1, 2, 3], oldest=2)
+    (0, 1, 2)
+    """
+    return tuple([i for i, v in enumerate(token_versions) if v < oldest])
 
 
 def deadline_bounds(soft: int | None, hard: int | None) -> tuple[int, int]:

@@ -345,12 +345,14 @@ class HandedGroup:
 @_frozen
 class HandOverBatch:
     """Buffer ``version`` was consumed: hand ``groups`` to the trainer, in order. ``continued``:
-    the ids of those the deadline action ``continue`` let run past their deadline (the trainer
-    masks their tokens older than ``version − η``)."""
+    the ids of those the deadline action ``continue`` let run past their deadline; their tokens
+    generated before ``oldest_token`` (``version − η``) are staler than the bound and leave the
+    loss (:func:`~stalebound.core.deadline.stale_tokens` says which)."""
 
     version: int
     groups: tuple[HandedGroup, ...]
     continued: tuple[int, ...] = ()
+    oldest_token: int | None = None
 
 
 @_frozen

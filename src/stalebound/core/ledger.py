@@ -303,7 +303,12 @@ class Ledger:
             n += len(members)
         c.consumed_groups += len(batch.groups)
         c.consumed_trajectories += n
-        return HandOverBatch(batch.version, tuple(handed), batch.continued)  # type: ignore[arg-type]
+        return HandOverBatch(
+            batch.version,
+            tuple(handed),
+            batch.continued,  # type: ignore[arg-type]
+            batch.oldest_token,
+        )
 
     def teardown(
         self, gid: int, op: GroupOp, cause: Cause, out: list[Action], *, in_policy: bool = True

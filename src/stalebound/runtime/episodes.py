@@ -7,7 +7,7 @@
 * :class:`EpisodeDeadlines` — episode timeouts, bucketed into few loop timers.
 * :class:`ItemSource` — an endless stream of items from a data loader (``prepare_batch``).
 * Small readers of engine answers: :func:`token_versions`, :func:`request_id`,
-  :func:`output_tokens`.
+  :func:`output_tokens`; and :func:`mask_tokens`, which takes tokens out of a trajectory's loss.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ __all__ = [
     "ShouldAccept",
     "WorkflowProtocol",
     "call_abort",
+    "mask_tokens",
     "need_workflow",
     "outcome_event",
     "output_tokens",
@@ -167,6 +168,37 @@ def token_versions(result: Any) -> tuple[int, ...] | None:
     if tv and isinstance(tv[0], (list, tuple)):  # one row per sequence: flatten
         return tuple(int(x) for row in tv for x in row)
     return tuple(tv)
+
+
+def mask_tokens(result: Any, positions: Iterable[int], length: int) -> int:
+    """Set the ``loss_mask`` (key or attribute) of ``result`` to 0 at ``positions``; return how
+    many of those tokens were in the loss. ``length`` is the number of token versions reported:
+    a mask of another length cannot be lined up with them (:class:`ProtocolError`). A missing or
+    ``None`` mask stands for all ones and is replaced by a list; a list or tuple by a new list; a
+    tensor or array is changed in place (any shape, e.g. ``[1, seqlen]``)."""
+    mapping = type(result) is dict or isinstance(result, Mapping)
+    mask = result.get("loss_mask") if mapping else getattr(result, "loss_mask", None)
+    if mask is None:
+        mask = [1] * length
+    elif isinstance(mask, (list, tuple)):
+        mask = list(mask)
+    flat = mask.reshape(-1) if hasattr(mask, "reshape") else mask
+    if len(flat) != length:
+        raise ProtocolError(
+            f"a continued trajectory reports {length} token versions and a loss_mask of "
+            f"{len(flat)} tokens: the executor masks the tokens staler than the bound by position, "
+            "so give loss_mask and token_versions (or versions) one entry per token each"
+        )
+    masked = 0
+    for i in positions:
+        if flat[i]:
+            flat[i] = 0
+            masked += 1
+    if mapping:
+        result["loss_mask"] = mask
+    else:
+        result.loss_mask = mask
+    return masked
 
 
 async def call_abort(abort: Callable[[Any], Any], rid: Any) -> Any:

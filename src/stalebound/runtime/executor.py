@@ -527,7 +527,14 @@ class WorkflowExecutor(LoopThread):
             self._progress_handle = self._loop.call_later(s.progress_log, self._progress)
 
     def _hand_over(self, a: ev.HandOverBatch) -> None:
-        for sample, group in reports.trajectories(a):
+        try:
+            handed = list(reports.trajectories(a))
+        except ProtocolError as e:  # a batch that cannot be trained within the bound: stop
+            why = f"handing over batch {a.version} failed: {e}"
+            assert self._loop is not None  # after the actions under way are carried out
+            self._loop.call_soon(self._guarded, partial(ev.StopRequested, why), "stopping")
+            return
+        for sample, group in handed:
             self._items.pop(sample, None)
             self._output.append(group)
 

@@ -8,9 +8,11 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from stalebound.core import Coordinator, RolloutStat
+from stalebound.core import Coordinator, ProtocolError, RolloutStat
 from stalebound.core import events as ev
+from stalebound.core.deadline import stale_tokens
 from stalebound.core.filters import buffer_progress
+from stalebound.runtime.episodes import mask_tokens
 from stalebound.runtime.results import ExecutorStatistics, Trajectory
 
 __all__ = [
@@ -25,8 +27,10 @@ logger = logging.getLogger("stalebound.runtime.executor")  # the executor's log,
 
 
 def trajectories(batch: ev.HandOverBatch) -> Iterator[tuple[int, tuple[Trajectory, ...]]]:
-    """Each handed-over group's sample index and its trajectories, in order."""
-    v, continued = batch.version, batch.continued
+    """Each handed-over group's sample index and its trajectories, in order. A continued group's
+    tokens staler than the bound (:func:`~stalebound.core.deadline.stale_tokens`) leave its
+    trajectories' loss here, so every caller of the executor trains within the bound."""
+    v, continued, oldest = batch.version, batch.continued, batch.oldest_token
     for g in batch.groups:
         gid, sample = g.group_id, g.sample
         on = gid in continued
@@ -34,11 +38,34 @@ def trajectories(batch: ev.HandOverBatch) -> Iterator[tuple[int, tuple[Trajector
             sample,
             tuple(
                 [
-                    Trajectory(result, gid, member[1], version, v, v - version, tv, cut, sample, on)
+                    Trajectory(
+                        result,
+                        gid,
+                        member[1],
+                        version,
+                        v,
+                        v - version,
+                        tv,
+                        cut,
+                        sample,
+                        on,
+                        _mask_stale(result, tv, oldest) if on and oldest is not None else 0,
+                    )
                     for (member, version, result), tv, cut in g.members
                 ]
             ),
         )
+
+
+def _mask_stale(result: Any, tv: tuple[int, ...] | None, oldest: int) -> int:
+    if tv is None:  # the engine told no token versions: the whole answer is from V
+        raise ProtocolError(
+            "a continued trajectory reports no token versions: rollout.deadline.action=continue "
+            "masks the tokens staler than the bound by the version that generated each, so "
+            "return token_versions (or versions) from the workflow, or use "
+            "rollout.deadline.action=truncate"
+        )
+    return mask_tokens(result, stale_tokens(tv, oldest), len(tv))
 
 
 def log_report(

@@ -44,7 +44,11 @@ class Trajectory(NamedTuple):
     them in (``submit`` calls and data-loader draws), across resumes (see ``drain_outcomes``)."""
     continued: bool = False
     """The deadline action ``continue`` let its group run past its deadline: its staleness may
-    exceed η, and its tokens generated before ``consumed_version − η`` are to be masked."""
+    exceed η, and its tokens generated before ``consumed_version − η`` left the loss."""
+    masked_tokens: int = 0
+    """How many of its tokens the executor took out of the loss when it handed it over (set to 0
+    in its ``loss_mask``): under ``continue``, the ones generated before ``consumed_version − η``,
+    so no trained token is staler than the bound."""
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,6 @@ from stalebound.train.outcome import (
 )
 from stalebound.train.preflight import Plan, preflight, refuse_a_held_run_dir
 from stalebound.train.runlock import RunLock
-from stalebound.train.tokenbound import mask_stale_tokens, token_bound
 from stalebound.typedconfig import to_plain
 
 __all__ = ["TrainRecipe", "run_training"]
@@ -309,8 +308,6 @@ class TrainRecipe:
         self.trainer = self.backend.trainer(
             cfg, self.model, self.tokenizer, policy_dir, version, base_dir=run_dir / "policy-v0"
         )
-        ro = cfg.rollout
-        self._token_bound = token_bound(ro.staleness_policy, ro.deadline.action, ro.staleness)
         self._on_failure.append(("the trainer", lambda: self.backend.close_trainer(self.trainer)))
         self.trainer.publish(self._publish)
 
@@ -514,11 +511,7 @@ class TrainRecipe:
                 traj.version = t.version
                 groups.setdefault(t.group_id, []).append(traj)
                 staleness.append(t.staleness)
-            masked = 0
-            if self._token_bound is not None:  # continued groups: their too-old tokens go
-                masked = mask_stale_tokens(
-                    (t.data for t in batch), consumed_version, self._token_bound
-                )
+            masked = sum(t.masked_tokens for t in batch)  # left the loss: staler than η_h
             t1 = time.monotonic()
             self._publish_s = 0.0
             stats = self.trainer.step(list(groups.values()), batch_version=consumed_version)
