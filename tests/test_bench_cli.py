@@ -20,10 +20,18 @@ def planned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, A
     skipped (the runs are tested above)."""
     calls: list[dict[str, Any]] = []
 
-    def plan(base: Any, staleness: Any, out: Path, policies: Any, *, soft: bool) -> list[Any]:
+    def plan(
+        base: Any, staleness: Any, out: Path, policies: Any, *, soft: bool, same_admission: bool
+    ) -> list[Any]:
         out.mkdir(parents=True)  # where the runs would have gone
         calls.append(
-            {"staleness": list(staleness), "policies": policies, "soft": soft, "base": base}
+            {
+                "staleness": list(staleness),
+                "policies": policies,
+                "soft": soft,
+                "same_admission": same_admission,
+                "base": base,
+            }
         )
         return []
 
@@ -67,6 +75,33 @@ def test_bench_policy_config_pairs_the_bounds(tmp_path: Path) -> None:
     assert (former.rollout.staleness, former.rollout.deadline.target) == (4, 2)
     capacity = bench.policy_config(base, "capacity", 2, tmp_path, soft=True)
     assert capacity.rollout.staleness == 2
+
+
+@pytest.mark.parametrize(
+    ("policy", "bound"), [("capacity", 2), ("buffer", 2), ("deadline", 4), ("sync", 0)]
+)
+def test_same_admission_runs_capacity_and_buffer_at_the_deadline_policys_target(
+    planned: list[dict[str, Any]], tmp_path: Path, policy: str, bound: int
+) -> None:
+    """``--staleness 4 --target 2 --same-admission``: the deadline recipe at η_s = 2, η_h = 4
+    beside AReaL's capacity rule (and the buffer) at the same admission bound 2."""
+    args = ["bench", "--staleness", "4", "--target", "2", "--same-admission", "--json"]
+    assert main(args) == 0
+    [call] = planned
+    assert call["same_admission"] and call["staleness"] == [4]
+    cfg = bench.policy_config(call["base"], policy, 4, tmp_path, same_admission=True)
+    assert cfg.rollout.staleness == bound and cfg.rollout.deadline.target == 2
+
+
+def test_same_admission_is_refused_with_the_former_spelling(
+    planned: list[dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--soft-staleness", "2", "--same-admission"]) == 2
+    assert capsys.readouterr().err == (
+        "stalebound bench: --same-admission with --soft-staleness: the former spelling already "
+        "runs capacity and buffer at η_s; give --staleness 2N --target N --same-admission\n"
+    )
+    assert planned == []
 
 
 @pytest.mark.parametrize(

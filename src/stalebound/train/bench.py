@@ -39,7 +39,7 @@ __all__ = ["main", "run_bench"]
 
 HELP = """usage: stalebound bench [CONFIG.yaml ...] [key=value ...] [--staleness 0 1 2 4]
                         [--target N] [--policy sync buffer capacity deadline]
-                        [--workload default|longtail] [--json]
+                        [--workload default|longtail] [--same-admission] [--json]
 
 Trains the same workload once per staleness bound (and per policy, side by side) and prints time
 to the target reward (run.target_reward), trajectories/s, trainer and engine idle fractions, final
@@ -48,7 +48,10 @@ headline (KS distance between generated and trained response lengths, the worst 
 bucket's trained/offered share ratio, the prompts never trained). --staleness is the
 hard bound η_h (rollout.staleness) for every policy; --target is the deadline policy's soft
 admission target η_s (rollout.deadline.target, default η_h // 2). --soft-staleness N keeps the
-former meaning of --staleness for one more release (deadline at η_s = N, η_h = 2N). The policy
+former meaning of --staleness for one more release (deadline at η_s = N, η_h = 2N).
+--same-admission runs capacity and buffer at the deadline policy's η_s instead of η_h (AReaL's
+max_head_offpolicyness, the admission bound): every policy admits alike, and they differ only in
+what bounds the trained data; e.g. --staleness 4 --target 2 --same-admission. The policy
 sync is synchronous training (capacity at η_h = 0), run once whatever --staleness says. The
 workload is the train recipe plus configs/bench.yaml: rewards from a verifier with a heavy-tailed
 latency (task.reward_latency.distribution=none turns it off); --workload longtail takes
@@ -66,13 +69,31 @@ WORKLOADS = {
 """What ``--workload`` names: the file put on top of the train recipe."""
 
 
+def run_bound(base: StaleboundConfig, policy: str, eta: int, same_admission: bool) -> int:
+    """The bound ``policy`` runs at in a bench at η_h = ``eta``: ``eta``; with
+    ``same_admission``, ``capacity`` and ``buffer`` at the deadline policy's soft target η_s
+    (the config's target, by default η_h // 2) instead."""
+    if same_admission and policy in ("capacity", "buffer"):
+        return deadline_bounds(base.rollout.deadline.target, eta)[0]
+    return eta
+
+
 def policy_config(
-    base: StaleboundConfig, policy: str, eta: int, run_dir: Path, *, soft: bool = False
+    base: StaleboundConfig,
+    policy: str,
+    eta: int,
+    run_dir: Path,
+    *,
+    soft: bool = False,
+    same_admission: bool = False,
 ) -> StaleboundConfig:
     """``base`` run under ``policy`` at the hard bound η_h = ``eta`` (``deadline`` at the
     config's soft target, by default η_h // 2), written to ``run_dir``. With ``soft``, ``eta``
     has the former meaning of ``--staleness``: for ``deadline`` the soft target η_s, with the
-    hard bound η_h = 2·``eta``. ``sync`` is ``capacity`` at η_h = 0, whatever ``eta``."""
+    hard bound η_h = 2·``eta``. With ``same_admission`` (:func:`run_bound`), ``capacity`` and
+    ``buffer`` run at the deadline policy's η_s. ``sync`` is ``capacity`` at η_h = 0, whatever
+    ``eta``."""
+    eta = run_bound(base, policy, eta, same_admission)
     if policy == SYNC:
         policy, eta = "capacity", 0
     name = next((p for p in POLICIES if p == policy), None)
@@ -127,19 +148,26 @@ def run_bench(
     policies: Sequence[str] | None = None,
     *,
     soft: bool = False,
+    same_admission: bool = False,
 ) -> list[dict[str, object]]:
     """One run per policy and hard bound (the config's policy alone when ``policies`` is
-    ``None``), each in ``out_dir/eta{η}`` (one policy) or ``out_dir/{policy}-eta{η}`` (several);
-    with ``soft``, the bounds have the former meaning (:func:`policy_config`)."""
+    ``None``), each in ``out_dir/eta{η}`` (one policy) or ``out_dir/{policy}-eta{η}`` (several,
+    η the bound it runs at); with ``soft``, the bounds have the former meaning, with
+    ``same_admission`` capacity and buffer run at η_s (:func:`policy_config`)."""
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115 - closed with the process
     names = [base.rollout.staleness_policy] if policies is None else list(policies)
     runs: list[dict[str, object]] = []
     for policy in names:
         for eta in [0] if policy == SYNC else staleness:
+            bound = run_bound(base, policy, eta, same_admission)
             where = out_dir / (
-                f"eta{eta}" if len(names) == 1 else SYNC if policy == SYNC else f"{policy}-eta{eta}"
+                f"eta{bound}"
+                if len(names) == 1
+                else SYNC
+                if policy == SYNC
+                else f"{policy}-eta{bound}"
             )
-            cfg = policy_config(base, policy, eta, where, soft=soft)
+            cfg = policy_config(base, policy, eta, where, soft=soft, same_admission=same_admission)
             r = run_training(cfg, console=quiet)
             hard = cfg.rollout.staleness
             runs.append(
@@ -294,12 +322,20 @@ def main(argv: Sequence[str]) -> int:
     if any(a in ("-h", "--help") for a in args):
         print(HELP)
         return 0
-    as_json = "--json" in args
-    args = [a for a in args if a != "--json"]
+    as_json, same_admission = "--json" in args, "--same-admission" in args
+    args = [a for a in args if a not in ("--json", "--same-admission")]
     try:
         staleness, target, soft, args = _bounds(args)
     except ConfigError as e:
         print(f"stalebound bench: {e}", file=sys.stderr)
+        return 2
+    if same_admission and soft:
+        print(
+            "stalebound bench: --same-admission with --soft-staleness: the former spelling "
+            "already runs capacity and buffer at η_s; give --staleness 2N --target N "
+            "--same-admission",
+            file=sys.stderr,
+        )
         return 2
     policies: list[str] | None = None
     if "--policy" in args:
@@ -346,7 +382,7 @@ def main(argv: Sequence[str]) -> int:
         if cfg.run.run_dir
         else default_run_dir().with_name("bench-" + default_run_dir().name)
     )
-    runs = run_bench(cfg, staleness, out, policies, soft=soft)
+    runs = run_bench(cfg, staleness, out, policies, soft=soft, same_admission=same_admission)
     (out / "bench.json").write_text(json.dumps({"runs": runs}, indent=2))
     if as_json:
         print(json.dumps({"runs": runs}))
