@@ -155,8 +155,7 @@ class Coordinator:
 
     def running(self) -> Mapping[int, tuple[int, tuple[int, ...]]]:
         """Running groups: group id → (its version, its running member numbers)."""
-        running = self._ledger.tracker.running
-        groups = self._ledger.groups
+        running, groups = self._ledger.tracker.running, self._ledger.groups
         return {
             gid: (g.version, tuple(m.number for m in running(gid))) for gid, g in groups.items()
         }
@@ -200,8 +199,7 @@ class Coordinator:
         policy, ledger = self.policy, self._ledger
         queue, budget, head = ledger.queue, e.budget, False
         while queue and (budget is None or budget > 0):
-            if budget is not None:
-                budget -= 1
+            budget = None if budget is None else budget - 1
             gid = ledger.next_gid
             ledger.next_gid = gid + 1  # a refused admission uses up its id, as it always has
             admission = policy.try_admit(gid, e.version)
@@ -234,8 +232,7 @@ class Coordinator:
 
     def _on_failed(self, e: ev.MemberFailed) -> list[ev.Action]:
         out: list[ev.Action] = []
-        failed = self._ledger.failed(e, out)
-        if failed is not None:
+        if (failed := self._ledger.failed(e, out)) is not None:
             self._failed(failed[0].gid, Cause.FAILED, failed[1], e.now, out)
         return out
 
@@ -377,27 +374,24 @@ class Coordinator:
         return out
 
     def _on_batch_wanted(self, e: ev.BatchWanted) -> list[ev.Action]:
-        """Consume ready batches until ``e.groups`` groups were handed over (or none is ready)."""
+        """Consume ready batches until ``e.groups`` groups were handed over (or none is ready);
+        a deadline action taken while the trainer waits may leave the head ready: consumed too."""
         out: list[ev.Action] = []
-        given = 0
-        policy, grace = self.policy, self._grace
+        given, acted, policy, grace = 0, False, self.policy, self._grace
         grace.asked(e.now)
-        while True:
-            while given < e.groups and policy.ready():
+        while given < e.groups:
+            if policy.ready():
                 batch = policy.consume()
                 self._proactive.consumed(batch.version + 1)
-                out.append(self._ledger.consumed(batch, out))
-                given += len(batch.groups)
-                out.append(_WAKE)
+                out += [self._ledger.consumed(batch, out), _WAKE]  # its teardowns come first
+                given, acted = given + len(batch.groups), False
                 grace.new_head(out)
                 self._deadline(grace.verdicts(), e.now, out)
                 self._check_head(e.now, out)
-            if given >= e.groups:
-                break
-            # the trainer waits on the head: a deadline policy may act now, and what it does (a
-            # straggler's deadline moved on, say) may leave the head ready without it
-            self._deadline(grace.verdicts(trainer_waiting=True), e.now, out)
-            if not policy.ready():
+            elif not acted:
+                self._deadline(grace.verdicts(trainer_waiting=True), e.now, out)
+                acted = True
+            else:
                 grace.wait(e.now, out)
                 break
         if given and given >= e.groups:  # the request is met: the trainer's step starts
