@@ -12,7 +12,10 @@ repeats all of it and prints the medians with their ranges. Absolute figures dep
 machine's load; the ratios are taken within each invocation.
 
     .venv/bin/python bench/recommend_check.py [--invocations 3] [--steps 30] [--max-staleness X]
-                                              [--start KEY=VALUE ...]
+                                              [--start KEY=VALUE ...] [--keep DIR]
+
+``--keep DIR`` keeps each invocation's run directories under ``DIR/<invocation>/`` (``start``,
+``recommended``, ``hand-picked-<i>``), so they can be calibrated and compared again later.
 """
 
 from __future__ import annotations
@@ -76,8 +79,8 @@ def one_invocation(
     calibration's."""
     models = tmp / "models"
     rows: dict[str, tuple[float, float]] = {}
-    poor = train(tmp / "poor", models, steps, start)
-    cal = calibrate(tmp / "poor")
+    poor = train(tmp / "start", models, steps, start)
+    cal = calibrate(tmp / "start")
     rec = recommend(cal, max_staleness=max_staleness, objective="time-per-step")
     assert rec.recommended is not None
     rows[f"start: {' '.join(start)}"] = (rec.current.trajectories_per_s, poor)
@@ -121,11 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help=f"the poor setting to start from (default: {' '.join(POOR)})",
     )
+    parser.add_argument(
+        "--keep", type=Path, default=None, metavar="DIR", help="keep the run directories there"
+    )
     args = parser.parse_args(argv)
     runs = []
-    for _ in range(args.invocations):
+    for number in range(args.invocations):
         with tempfile.TemporaryDirectory(prefix="recommend-check-") as tmp:
-            runs.append(one_invocation(Path(tmp), args.steps, args.max_staleness, args.start))
+            work = Path(tmp) if args.keep is None else args.keep / str(number + 1)
+            work.mkdir(parents=True, exist_ok=True)
+            runs.append(one_invocation(work, args.steps, args.max_staleness, args.start))
     print(
         f"{args.invocations} invocation(s), {args.steps} steps per run; trajectories/s over the "
         "steps after the first 10 %; medians (ranges)"

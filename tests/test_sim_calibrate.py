@@ -284,3 +284,65 @@ def test_a_contention_beyond_the_cap_is_capped_and_says_so(tmp_path: Path) -> No
     fit = next(f for f in cal.fits if f.key == "trainer.contention")
     assert fit.value == pytest.approx(9.0)  # 0.9 / (1 − 0.9)
     assert "capped: the steps said 0.91 s per second of overlap" in fit.error
+
+
+def test_the_engine_fit_recovers_a_simulated_engines_step_costs(tmp_path: Path) -> None:
+    # a simulated synchronous run (each step's batch drains to its stragglers, so the batch runs
+    # from 1 to 128) whose engine pays per step, per active request, and per active request and
+    # token of the longest live context (the embedded engine's padded cache); the fit reads the
+    # trace alone, as it reads a real run's. A fit without the context term misses the full
+    # batch of long contexts by half.
+    from stalebound.obs.trace import read_trace
+    from stalebound.sim.calibrate import _fit_engine
+    from stalebound.sim.config import workload_from_dict
+    from stalebound.sim.rundir import write_run_dir
+
+    base, per_seq, per_ctx = 0.004, 0.0002, 2e-6
+    cfg = workload_from_dict(
+        {
+            "lengths": {"distribution": "lognormal", "median": 3, "p99": 60, "cap": 200},
+            "engine": {
+                "replicas": 1,
+                "max_concurrency": 512,
+                "max_batch": 256,
+                "step_base": base,
+                "step_per_seq": per_seq,
+                "step_per_ctx": per_ctx,
+            },
+            "batch": {"groups": 16, "group_size": 8},
+            "trainer": {"step_time": 0.1, "per_token": 0.0, "publish": 0.01},
+            "agent": {"reward_latency": {"distribution": "fixed", "value": 1e-6}},
+            "run": {"steps": 20},
+        }
+    )
+    write_run_dir(cfg, "capacity", 0, tmp_path / "r")
+    _, records = read_trace(tmp_path / "r" / "trace.jsonl")
+    _, b, p, c, _ = _fit_engine([r for r in records if r.complete and r.tokens > 0], 1, 256)
+    # a step of one request is the least seen (the tails of a few steps): the loosest
+    for batch, context, error in ((1, 0, 0.5), (100, 50, 0.2), (256, 100, 0.2)):
+        true = base + per_seq * batch + per_ctx * batch * context
+        assert b + p * batch + c * batch * context == pytest.approx(true, rel=error), (b, p, c)
+
+
+def test_the_contention_is_read_from_the_training_threads_cpu_seconds(tmp_path: Path) -> None:
+    # the engines generate over [0, 6] s (the trace of _broken_run); step 2 trains 5 s inside it
+    # on 2.4 s of CPU, steps 3 and 4 train outside it, each 0.1 s longer than their CPU seconds
+    # (another process): 0.1 s a step from outside, and 0.5 s more per second of overlap
+    steps = [(3.0, 0.3, 0.2), (6.0, 5.0, 2.4), (20.0, 0.5, 0.4), (30.0, 0.4, 0.3)]
+    metrics = "".join(
+        json.dumps(
+            {
+                **_STEP,
+                "trajectories_per_s": 2 * number / end,
+                "step_time_s": training,
+                "step_cpu_s": cpu,
+                "step_and_publish_s": training + 0.1,
+            }
+        )
+        + "\n"
+        for number, (end, training, cpu) in enumerate(steps, 1)
+    )
+    staleness = "".join(json.dumps({"step": k, "counts": {"2": 2}}) + "\n" for k in range(1, 5))
+    cal = calibrate(_broken_run(tmp_path, metrics, staleness))
+    fits = {f.key: f.value for f in cal.fits}
+    assert fits["trainer.contention"] == pytest.approx(1.0)  # 0.5 / (1 − 0.5)

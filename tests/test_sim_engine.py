@@ -111,3 +111,23 @@ def test_a_contended_trainer_slows_while_the_replicas_work_and_moves_its_end() -
     alone = TrainerModel(workload_from_dict({"trainer": {"step_time": 1.0}}))
     alone.start(0.0, tokens=0)
     assert alone.reshare(0.5, 1.0) is None  # no contention: the end never moves
+
+
+def test_a_step_costs_more_as_the_oldest_sequences_context_grows() -> None:
+    # step = 0.01 + 0.001 × active × context, context = tokens the oldest active one decoded:
+    # alone, 10 tokens take ∫₀¹⁰ (0.01 + 0.001 x) dx = 0.15 s
+    r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.0, per_ctx=0.001)
+    r.advance(0.0)
+    r.join("old", 10)
+    t = r.next_finish(0.0)
+    assert t == pytest.approx(0.15)
+    r.advance(0.078)  # 0.01 n + 0.0005 n² = 0.078: n = 6 steps
+    assert r.progress == pytest.approx(6.0)
+    young = r.join("young", 10)  # joins at context 6: each step costs 0.002 × (6 + x) more
+    assert r.next_finish(0.078) == pytest.approx(0.078 + 4 * 0.01 + 0.002 * (6 * 4 + 4 * 4 / 2))
+    r.advance(r.next_finish(0.078) or 0.0)
+    assert [s.owner for s in r.pop_finished()] == ["old"]
+    # the old one left: the context is the young one's 4 tokens, not 10
+    left = r.next_finish(r.last)
+    assert left == pytest.approx(r.last + 6 * 0.01 + 0.001 * (4 * 6 + 6 * 6 / 2))
+    assert r.decoded(young) == pytest.approx(4.0)

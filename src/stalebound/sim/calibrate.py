@@ -28,6 +28,7 @@ and η under a calibrated workload, so the two can be set side by side.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -189,6 +190,14 @@ def _steps(run_dir: Path) -> list[dict[str, float]]:
                 f"calibrate: {path} step {number}: trajectories_per_s=0: must be > 0 after a "
                 "trained step; " + _DAMAGED
             )
+        cpu = row.get("step_cpu_s")
+        # the training thread's CPU seconds, where the run measured them (one torch thread on a
+        # CPU); NaN where it did not
+        step["step_cpu_s"] = (
+            float(cpu)
+            if isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and cpu > 0
+            else float("nan")
+        )
         trained += step["num_trajectories"]
         step["elapsed"] = trained / step["trajectories_per_s"]
         steps.append(step)
@@ -373,6 +382,81 @@ def _training_overlap(rows: Sequence[Mapping[str, float]], busy: Sequence[_Perio
     return out
 
 
+ENGINE_BIN_S = 0.25
+"""The engine fit's time bins (seconds): short enough that the batch's size and context vary from
+bin to bin, long enough to hold several decode steps of a full batch (tenths of a second on the
+embedded engine; shorter bins put the spread of the episodes' spans on the step's fixed cost)."""
+
+
+def _fit_engine(
+    records: Sequence[TrajectoryRecord], replicas: int, max_batch: int
+) -> tuple[float, float, float, float, str]:
+    """``engine.prefill``, ``step_base``, ``step_per_seq``, ``step_per_ctx`` and the fit's error.
+
+    The trace gives each episode's generation span and tokens; spreading the tokens evenly over
+    the span, each :data:`ENGINE_BIN_S` bin of the run gets the requests that joined, the tokens
+    generated, the mean batch decoding (at most ``max_batch`` per replica) and the longest live
+    context (the tokens so far of the oldest request generating). Every active request gains one
+    token per decode step, so a bin holds ``tokens ÷ batch`` steps, and its busy time is
+    ``prefill × joins + step_base × steps + (step_per_seq + step_per_ctx × context) × tokens per
+    replica``. Fitted by non-negative least squares of each bin's residual relative to its busy
+    time, so bins of a small batch (which pin the cost of a step) count as much as the full ones,
+    then scaled so the bins add up to the engine's busy time."""
+    import numpy as np
+
+    start = np.asarray([r.start for r in records], dtype=float)
+    end = np.maximum(start + 1e-6, [_generation_end(r) for r in records])
+    tokens = np.asarray([r.tokens for r in records], dtype=float)
+    t0 = float(start.min())
+    cell = ENGINE_BIN_S / 50
+    cells = int((float(end.max()) - t0) / cell) + 2
+    first = ((start - t0) / cell).astype(int)
+    last = ((end - t0) / cell).astype(int) + 1
+    rate = np.zeros(cells + 1)
+    live = np.zeros(cells + 1)
+    joins = np.zeros(cells + 1)
+    np.add.at(rate, first, tokens / (end - start))
+    np.add.at(rate, last, -tokens / (end - start))
+    np.add.at(live, first, 1.0)
+    np.add.at(live, last, -1.0)
+    np.add.at(joins, first, 1.0)
+    rate, live = np.cumsum(rate)[:cells], np.cumsum(live)[:cells] / replicas
+    context = np.zeros(cells)
+    times = t0 + cell * np.arange(cells)
+    for s, e, k, i, j in zip(start, end, tokens, first, last, strict=True):
+        so_far = np.minimum(k, (times[i:j] - s) / (e - s) * k)
+        np.maximum(context[i:j], so_far, out=context[i:j])
+    per = 50
+    n = cells // per
+
+    def binned(values: Any) -> Any:
+        return values[: n * per].reshape(n, per).sum(axis=1)
+
+    busy = binned((live > 0) * cell)
+    generated = binned(rate * cell) / replicas
+    batch = binned(np.minimum(live, max_batch) * cell) / np.maximum(busy, 1e-12)
+    long = binned(rate * context * cell) / replicas
+    joined = binned(joins[:cells]) / replicas
+    keep = (busy > ENGINE_BIN_S / 2) & (generated > 0)
+    if keep.sum() < 4:  # too short a run for bins: the whole run as one
+        keep = np.ones(1, dtype=bool)
+        busy, generated, long, joined = (
+            np.atleast_1d(x.sum()) for x in (busy, generated, long, joined)
+        )
+        batch = np.atleast_1d(float(np.mean(np.minimum(live, max_batch)[live > 0])))
+    y = busy[keep]
+    columns = [joined[keep], generated[keep] / batch[keep], generated[keep], long[keep]]
+    coef, rms = _lstsq_nonneg([(c / y).tolist() for c in columns], [1.0] * len(y))
+    fitted = sum(c * float(col.sum()) for c, col in zip(coef, columns, strict=True))
+    level = float(y.sum()) / fitted if fitted > 0 else 1.0
+    prefill, step_base, per_seq, per_ctx = (c * level for c in coef)
+    error = (
+        f"over {int(keep.sum())} bins of {ENGINE_BIN_S:g} s, batch {float(batch[keep].min()):.0f}–"
+        f"{float(batch[keep].max()):.0f}: RMS relative residual {rms:.0%}"
+    )
+    return prefill, max(step_base, 1e-6), per_seq, per_ctx, error
+
+
 def _fit_publish(
     rows: Sequence[Mapping[str, float]],
     publish: Sequence[float],
@@ -448,26 +532,19 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
         fits.append(Fit("agent.tool_latency", statistics.fmean(tools), "s", _spread(tools, " s")))
     fits.append(Fit("agent.reward_latency", statistics.fmean(rewards), "s", _spread(rewards, " s")))
 
-    # each period's residual relative to its length: the few short periods (a handful of
-    # requests) pin the cost of a step, which the long ones, all alike, cannot
-    periods = [p for p in _busy_periods(done) if p.duration > 0]
-    (prefill, step_base, per_seq), rms = _lstsq_nonneg(
-        [[getattr(p, k) / p.duration for p in periods] for k in ("joins", "steps", "tokens")],
-        [1.0] * len(periods),
-    )
-    # and the level from the sum: the periods' total is the engine's busy time
-    fitted = sum(prefill * p.joins + step_base * p.steps + per_seq * p.tokens for p in periods)
-    level = sum(p.duration for p in periods) / fitted if fitted > 0 else 1.0
-    prefill, step_base, per_seq = prefill * level, step_base * level, per_seq * level
-    step_base = max(step_base, 1e-6)  # a decode step takes some time
-    engine_error = (
-        f"over {len(periods)} busy periods of {min(p.duration for p in periods):.3g}–"
-        f"{max(p.duration for p in periods):.3g} s: RMS relative residual {rms:.0%}"
+    prefill, step_base, per_seq, per_ctx, engine_error = _fit_engine(
+        done, info.replicas, info.max_batch or MAX_IN_FLIGHT
     )
     fits += [
         Fit("engine.prefill", prefill, "s per joining request", engine_error),
         Fit("engine.step_base", step_base, "s per decode step", engine_error),
         Fit("engine.step_per_seq", per_seq, "s per active request per step", engine_error),
+        Fit(
+            "engine.step_per_ctx",
+            per_ctx,
+            "s per active request and token of the longest live context per step",
+            engine_error,
+        ),
     ]
 
     # the trainer is busy for all of a step but its wait: training, publishing, and the
@@ -483,9 +560,20 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
     training = [r["step_time_s"] for r in rows][1:]
     generating = _busy_periods([r for r in records if r.tokens > 0])
     overlap = _training_overlap(rows, generating)[1:]
-    (step_time, per_token, slowed), rms = _lstsq_nonneg(
-        [[1.0] * len(training), tokens, overlap], training
-    )
+    cpu = [r["step_cpu_s"] for r in rows][1:]
+    if all(math.isfinite(c) for c in cpu):
+        # the run measured its training thread's CPU seconds: the uncontended training is those,
+        # and the seconds it waited for a core are what the engines (and whatever else runs on
+        # the machine, the constant) took from it
+        (step_time, per_token), rms = _lstsq_nonneg([[1.0] * len(cpu), tokens], cpu)
+        (outside, slowed), _ = _lstsq_nonneg(
+            [[1.0] * len(cpu), overlap], [t - c for t, c in zip(training, cpu, strict=True)]
+        )
+        step_time += outside
+    else:
+        (step_time, per_token, slowed), rms = _lstsq_nonneg(
+            [[1.0] * len(training), tokens, overlap], training
+        )
     capped = slowed > MAX_SLOWED
     contention = min(slowed, MAX_SLOWED) / (1.0 - min(slowed, MAX_SLOWED))
     step_time += statistics.fmean(b - t for b, t in zip(busy, training, strict=True))
@@ -524,6 +612,7 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
             max_concurrency=info.max_in_flight or MAX_IN_FLIGHT,
             step_base=step_base,
             step_per_seq=per_seq,
+            step_per_ctx=per_ctx,
             max_batch=info.max_batch,
             prefill=prefill,
         ),

@@ -9,6 +9,13 @@ next completion, whose time follows analytically while the active count stays fi
 leave changes the step time, so the replica re-derives its next completion then (one event per
 change, superseded events are ignored by a ticket number). Cost: O(log n) per join and finish.
 
+With ``per_ctx`` a step also costs ``per_ctx × active × context`` seconds, where ``context`` is
+the tokens the oldest active sequence has decoded in its segment: an engine that keeps its batch's
+KV cache as one padded tensor (the embedded engine pads every row to the longest live context)
+attends over that many positions for every row. The context grows by one token per step, so
+between two events a step's time grows linearly with progress, and the time to a given progress
+(and the progress at a given time) follows in closed form (a quadratic).
+
 Three costs beyond the decode step, each 0 unless a workload sets it (calibration fits them):
 
 * ``prefill``: seconds each joining sequence stalls the whole replica before it decodes (a
@@ -24,6 +31,7 @@ prefill.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from typing import Any
 
@@ -58,6 +66,7 @@ class Replica:
 
     __slots__ = (
         "_heap",
+        "_oldest",
         "_seq",
         "_waiting",
         "active",
@@ -66,6 +75,7 @@ class Replica:
         "last",
         "max_batch",
         "max_slots",
+        "per_ctx",
         "per_seq",
         "prefill",
         "progress",
@@ -86,11 +96,13 @@ class Replica:
         *,
         prefill: float = 0.0,
         max_batch: int | None = None,
+        per_ctx: float = 0.0,
     ) -> None:
         self.index = index
         self.max_slots = max_slots
         self.step_base = step_base
         self.per_seq = per_seq
+        self.per_ctx = per_ctx
         self.prefill = prefill
         self.max_batch = max_slots if max_batch is None else max_batch
         self.slots = 0
@@ -108,6 +120,8 @@ class Replica:
         """Seconds with at least one active sequence."""
         self.ticket = 0
         self._heap: list[tuple[float, int, Sequence]] = []
+        self._oldest: list[tuple[float, int, Sequence]] = []
+        """The active sequences by the progress they joined at (kept only with ``per_ctx``)."""
         self._seq = 0
 
     def advance(self, now: float) -> None:
@@ -117,10 +131,35 @@ class Replica:
             self.busy_time += now - last
             dt = now - max(last, self.stalled_until)
             if dt > 0 and self.active:
-                steps = dt / (self.step_base + self.per_seq * self.active)
+                steps = self._steps_in(dt)
                 self.progress += steps
                 self.tokens += steps * self.active
         self.last = now
+
+    def _costs(self) -> tuple[float, float]:
+        """The current step's seconds and what each further step adds (the context's growth)."""
+        first = self.step_base + self.per_seq * self.active
+        if not self.per_ctx:
+            return first, 0.0
+        oldest = self._oldest
+        while oldest and oldest[0][2].cancelled:
+            heapq.heappop(oldest)
+        context = self.progress - oldest[0][0] if oldest else 0.0
+        growth = self.per_ctx * self.active
+        return first + growth * context, growth
+
+    def _steps_in(self, seconds: float) -> float:
+        """Decode steps taken in ``seconds`` of decoding from the current progress."""
+        first, growth = self._costs()
+        if not growth:
+            return seconds / first
+        # growth/2 × n² + first × n = seconds, solved without cancellation
+        return 2 * seconds / (first + math.sqrt(first * first + 2 * growth * seconds))
+
+    def _seconds_for(self, steps: float) -> float:
+        """Seconds of decoding the next ``steps`` steps take from the current progress."""
+        first, growth = self._costs()
+        return steps * first + growth * steps * steps / 2
 
     def stall(self, seconds: float) -> None:
         """Stop decoding for ``seconds`` from now (after earlier stalls); call :meth:`advance`
@@ -148,6 +187,8 @@ class Replica:
             self.stall(self.prefill)
         self._seq += 1
         heapq.heappush(self._heap, (s.finish, self._seq, s))
+        if self.per_ctx:
+            heapq.heappush(self._oldest, (s.start, self._seq, s))
         self.active += 1
 
     def _fill(self) -> None:
@@ -185,7 +226,7 @@ class Replica:
         start = max(now, self.stalled_until)
         if remaining <= 0:
             return now
-        return start + remaining * (self.step_base + self.per_seq * self.active)
+        return start + self._seconds_for(remaining)
 
     def pop_finished(self) -> list[Sequence]:
         """Sequences whose finishing step has been reached (a tiny tolerance absorbs rounding)."""

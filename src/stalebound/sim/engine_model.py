@@ -117,6 +117,7 @@ class EngineModel:
                 e.step_per_seq,
                 prefill=e.prefill,
                 max_batch=e.max_batch,
+                per_ctx=e.step_per_ctx,
             )
             for i in range(e.replicas)
         ]
