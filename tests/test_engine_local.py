@@ -469,3 +469,65 @@ def test_closed_engine_fails_pending_and_new_calls(
 
     run(scenario())
     assert engine.closed
+
+
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
+def test_a_long_straggler_decodes_apart_from_the_short_rows(model_dir: Path) -> None:
+    """The worker in this process: one request with a long context beside 16 short ones. The
+    short rows are not padded to the straggler's cache (a decode step attends to about the
+    slots the rows need, in two passes), the straggler joins them once few are left, and every
+    request generates what it generates alone."""
+    from stalebound.engines._worker import COHORT_PADDING_SLOTS, Worker
+
+    model = load_model(model_dir)
+    passes: list[tuple[int, int]] = []  # (rows, cache width) of every decode pass
+    forward = model.forward
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        cache = kwargs.get(cache_keyword(model))
+        if cache is not None and kwargs["input_ids"].shape[1] == 1:
+            passes.append((kwargs["input_ids"].shape[0], cache.get_seq_length() + 1))
+        return forward(*args, **kwargs)
+
+    model.forward = counted
+    long_prompt = tuple(5 + i % 50 for i in range(200))
+    requests = [
+        GenerateRequest("long", long_prompt, SamplingParams(max_new_tokens=40, ignore_eos=True)),
+        *(
+            GenerateRequest(
+                f"short{i}",
+                tuple(5 + (i + j) % 50 for j in range(4 + i % 4)),  # prompts of 4 to 7 tokens
+                SamplingParams(max_new_tokens=30 if i == 0 else 10, ignore_eos=True),
+            )
+            for i in range(16)
+        ),
+    ]
+
+    def generate(
+        batch: list[GenerateRequest],
+    ) -> tuple[dict[str, Any], list[list[tuple[int, int]]]]:
+        worker = Worker(model, version=0, max_batch_size=64, interrupt_mode="continue")
+        for r in batch:
+            worker.submit(Continuation(r), seed=7)
+        out: dict[str, Any] = {}
+        steps = []
+        while worker.has_work():
+            passes.clear()
+            worker.step()
+            steps.append(list(passes))
+            out.update((r.request_id, r) for r in worker.take_finished())
+        return out, steps
+
+    together, steps = generate(requests)
+    # each row's own cache: its context so far (prompt + tokens before this step's input)
+    for t, step in enumerate(steps[1:9], start=1):
+        needed = 200 + t + sum(4 + i % 4 + t for i in range(16))
+        assert sum(rows * width for rows, width in step) <= needed + COHORT_PADDING_SLOTS, step
+        assert len(step) == 2, step
+    assert all(len(step) == 1 for step in steps[11:]), steps[11:]  # 2 rows left: one pass
+    for r in requests:
+        alone, _ = generate([r])
+        assert together[r.request_id].output_ids == alone[r.request_id].output_ids
+        assert together[r.request_id].output_logprobs == pytest.approx(
+            alone[r.request_id].output_logprobs, abs=1e-4
+        )

@@ -137,6 +137,49 @@ class _Sequence:
         )
 
 
+COHORT_PADDING_SLOTS = 1024
+"""On a CPU, two cohorts merge while the padding the merge adds (rows × positions) stays under
+this: about what one more forward pass of a decode step costs (measured on the default model:
+~1.2 ms a pass, ~1.3 µs a cache slot at batch 256)."""
+MAX_COHORTS = 8
+"""At most this many cohorts (forward passes per decode step); past it the cheapest pair merges."""
+
+
+@dataclass(eq=False)
+class _Cohort:
+    """Running requests decoded in one forward pass: row i of the KV cache and of the mask
+    belongs to ``seqs[i]``. The cache holds every token of a row except its last sampled one
+    (the next decode step's input), left-padded with zeros to the longest row; the mask hides
+    the padding."""
+
+    seqs: list[_Sequence]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    mask: torch.Tensor
+
+    @property
+    def width(self) -> int:
+        return int(self.mask.shape[1])
+
+    def padding_with(self, other: _Cohort) -> int:
+        """Cache slots of padding that merging with ``other`` adds."""
+        width = max(self.width, other.width)
+        return len(self.seqs) * (width - self.width) + len(other.seqs) * (width - other.width)
+
+
+def _merge(a: _Cohort, b: _Cohort) -> _Cohort:
+    """One cohort of the rows of ``a`` then ``b``, the shorter cache left-padded."""
+    total = max(a.width, b.width)
+    kv = [
+        (
+            torch.cat([_left_pad(k0, total), _left_pad(k1, total)], dim=0),
+            torch.cat([_left_pad(v0, total), _left_pad(v1, total)], dim=0),
+        )
+        for (k0, v0), (k1, v1) in zip(a.kv, b.kv, strict=True)
+    ]
+    mask = torch.cat([_left_pad_mask(a.mask, total), _left_pad_mask(b.mask, total)])
+    return _Cohort([*a.seqs, *b.seqs], kv, mask)
+
+
 class Worker:
     """The batching state machine around one model (used only inside the worker process)."""
 
@@ -163,17 +206,23 @@ class Worker:
         self.waiting: list[tuple[int, int, _Sequence]] = []  # heap: (priority, order, seq)
         self.by_id: dict[str, _Sequence] = {}
         self._order = itertools.count()
-        # The running batch: row i of every tensor belongs to running[i]. The KV cache holds every
-        # token of a row except its last sampled one, which is the next decode step's input.
-        self.running: list[_Sequence] = []
-        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.mask = torch.zeros((0, 0), dtype=torch.bool, device=self.device)
+        # The running requests, in cohorts of like cache length (see _Cohort): a decode step runs
+        # one forward pass per cohort, so a long straggler does not pad every short row to its
+        # length. On a CPU an extra pass costs about as much as this many padded cache slots; on
+        # an accelerator padding is nearly free and every request joins one cohort.
+        self.cohorts: list[_Cohort] = []
+        self.padding_budget = COHORT_PADDING_SLOTS if self.device.type == "cpu" else None
         self.finished: list[GenerateResponse] = []
 
     # -- commands -----------------------------------------------------------------------------
 
+    @property
+    def running(self) -> list[_Sequence]:
+        """Every running request, cohort by cohort."""
+        return [seq for cohort in self.cohorts for seq in cohort.seqs]
+
     def has_work(self) -> bool:
-        return not self.paused and bool(self.running or self.waiting)
+        return not self.paused and bool(self.cohorts or self.waiting)
 
     def submit(self, cont: Continuation, seed: int) -> None:
         request = cont.request
@@ -202,8 +251,9 @@ class Worker:
         seq = self.by_id.pop(request_id, None)
         if seq is None:
             return None
-        if seq in self.running:
-            self._keep_rows([i for i, s in enumerate(self.running) if s is not seq])
+        cohort = next((c for c in self.cohorts if seq in c.seqs), None)
+        if cohort is not None:
+            self._keep_rows(cohort, [i for i, s in enumerate(cohort.seqs) if s is not seq])
         else:
             self.waiting = [item for item in self.waiting if item[2] is not seq]
             heapq.heapify(self.waiting)
@@ -241,13 +291,13 @@ class Worker:
             for name, tensor in current.items():
                 tensor.copy_(state[name])
         self.version = version
-        if mode == "resubmit" and self.running:
+        if mode == "resubmit" and self.cohorts:
             # Interruptible generation: drop the KV cache computed by the old weights and requeue
             # prompt + partial output; the next admission recomputes it with the new weights.
             for seq in self.running:
                 seq.resubmits += 1
                 self._enqueue(seq)
-            self._keep_rows([])
+            self.cohorts = []
 
     # -- decoding -----------------------------------------------------------------------------
 
@@ -257,12 +307,14 @@ class Worker:
         if self.paused:
             return
         self._admit()
-        if self.running:
-            self._decode()
+        self._consolidate()
+        for cohort in list(self.cohorts):
+            self._decode(cohort)
 
     def _admit(self) -> None:
         admitted: list[_Sequence] = []
-        while self.waiting and len(self.running) + len(admitted) < self.max_batch_size:
+        running = sum(len(c.seqs) for c in self.cohorts)
+        while self.waiting and running + len(admitted) < self.max_batch_size:
             admitted.append(heapq.heappop(self.waiting)[2])
         # Prefill requests of equal context length together (no padding inside a prefill).
         by_len: dict[int, list[_Sequence]] = {}
@@ -279,32 +331,50 @@ class Worker:
             done = self._sample_into(group, out.logits[:, -1, :])
             keep = [i for i, seq in enumerate(group) if not done[i]]
             if keep:
-                self._merge([group[i] for i in keep], _select(kv, keep, len(group)), length)
+                rows = [group[i] for i in keep]
+                mask = torch.ones((len(rows), length), dtype=torch.bool, device=self.device)
+                self.cohorts.append(_Cohort(rows, _select(kv, keep, len(group)), mask))
 
-    def _decode(self) -> None:
-        batch = len(self.running)
+    def _consolidate(self) -> None:
+        """Merge cohorts of like cache length (after requests joined or left): while two
+        neighbours (in cache length) merged would pad fewer slots than one forward pass costs
+        (``padding_budget``), or while there are more than ``MAX_COHORTS``, merge the pair that
+        pads the fewest."""
+        self.cohorts.sort(key=lambda c: c.width)
+        while len(self.cohorts) > 1:
+            added = [
+                a.padding_with(b) for a, b in zip(self.cohorts, self.cohorts[1:], strict=False)
+            ]
+            i = min(range(len(added)), key=added.__getitem__)
+            budget = self.padding_budget
+            if len(self.cohorts) <= MAX_COHORTS and budget is not None and added[i] > budget:
+                return
+            self.cohorts[i : i + 2] = [_merge(self.cohorts[i], self.cohorts[i + 1])]
+
+    def _decode(self, cohort: _Cohort) -> None:
+        seqs = cohort.seqs
         device = self.device
         next_ids = torch.tensor(
-            [[seq.out_ids[-1]] for seq in self.running], dtype=torch.long, device=device
+            [[seq.out_ids[-1]] for seq in seqs], dtype=torch.long, device=device
         )
         positions = torch.tensor(
-            [[len(seq.cont.request.input_ids) + len(seq.out_ids) - 1] for seq in self.running],
+            [[len(seq.cont.request.input_ids) + len(seq.out_ids) - 1] for seq in seqs],
             dtype=torch.long,
             device=device,
         )
-        mask = torch.cat([self.mask, self.mask.new_ones((batch, 1))], dim=1)
+        mask = torch.cat([cohort.mask, cohort.mask.new_ones((len(seqs), 1))], dim=1)
         out = self.model(
             input_ids=next_ids,
             position_ids=positions,
             attention_mask=None if bool(mask.all()) else mask.long(),
             use_cache=True,
-            **{self._cache_argument: DynamicCache(ddp_cache_data=self.kv)},
+            **{self._cache_argument: DynamicCache(ddp_cache_data=cohort.kv)},
         )
-        self.kv = _layers(out, self._cache_argument)
-        self.mask = mask
-        done = self._sample_into(self.running, out.logits[:, -1, :])
+        cohort.kv = _layers(out, self._cache_argument)
+        cohort.mask = mask
+        done = self._sample_into(seqs, out.logits[:, -1, :])
         if any(done):
-            self._keep_rows([i for i, d in enumerate(done) if not d])
+            self._keep_rows(cohort, [i for i, d in enumerate(done) if not d])
 
     def _sample_into(self, seqs: list[_Sequence], logits: torch.Tensor) -> list[bool]:
         """Sample the next token of each sequence; returns which ones finished (and reports them)."""
@@ -345,39 +415,20 @@ class Worker:
 
     # -- batch bookkeeping --------------------------------------------------------------------
 
-    def _merge(
-        self, seqs: list[_Sequence], kv: list[tuple[torch.Tensor, torch.Tensor]], length: int
-    ) -> None:
-        """Append prefilled rows to the running batch, left-padding the shorter KV cache."""
-        new_mask = torch.ones((len(seqs), length), dtype=torch.bool, device=self.device)
-        if not self.running:
-            self.running, self.kv, self.mask = list(seqs), kv, new_mask
-            return
-        total = max(length, self.mask.shape[1])
-        self.kv = [
-            (
-                torch.cat([_left_pad(k0, total), _left_pad(k1, total)], dim=0),
-                torch.cat([_left_pad(v0, total), _left_pad(v1, total)], dim=0),
-            )
-            for (k0, v0), (k1, v1) in zip(self.kv, kv, strict=True)
-        ]
-        self.mask = torch.cat([_left_pad_mask(self.mask, total), _left_pad_mask(new_mask, total)])
-        self.running.extend(seqs)
-
-    def _keep_rows(self, rows: list[int]) -> None:
-        """Keep only these rows of the running batch and trim columns that are padding in all."""
+    def _keep_rows(self, cohort: _Cohort, rows: list[int]) -> None:
+        """Keep only these rows of ``cohort`` (dropping it when none is left) and trim the
+        columns that are padding in all of them."""
         if not rows:
-            self.running, self.kv = [], []
-            self.mask = torch.zeros((0, 0), dtype=torch.bool, device=self.device)
+            self.cohorts.remove(cohort)
             return
-        self.running = [self.running[i] for i in rows]
-        self.kv = _select(self.kv, rows, self.mask.shape[0])
-        mask = self.mask[rows] if len(rows) != self.mask.shape[0] else self.mask
+        cohort.kv = _select(cohort.kv, rows, len(cohort.seqs))
+        cohort.seqs = [cohort.seqs[i] for i in rows]
+        mask = cohort.mask[rows] if len(rows) != cohort.mask.shape[0] else cohort.mask
         start = int(mask.any(dim=0).long().argmax())
         if start:
             mask = mask[:, start:]
-            self.kv = [(k[:, :, start:], v[:, :, start:]) for k, v in self.kv]
-        self.mask = mask
+            cohort.kv = [(k[:, :, start:], v[:, :, start:]) for k, v in cohort.kv]
+        cohort.mask = mask
 
     def take_finished(self) -> list[GenerateResponse]:
         finished, self.finished = self.finished, []
