@@ -115,7 +115,7 @@ LONG_TAIL = [
     "task.max_new_tokens=208",
     "task.strings.operations=[copy]",
     "task.reward_latency.distribution=none",
-    "train.micro_batch_tokens=4096",  # as configs/bench-longtail.yaml: training costs its tokens
+    "train.micro_batch_tokens=4096",  # micro-batches of like length: training costs its tokens
     "rollout.staleness=4",
 ]
 
