@@ -328,11 +328,31 @@ def test_stale_tokens_leave_a_loss_mask_of_any_form_the_trajectory_carries() -> 
     assert mask_tokens(tensor, (0, 3), 4) == 2 and tensor["loss_mask"] is rows
     assert rows.tolist() == [[0, 1, 1, 0]]
 
+    columns = torch.ones(4, 2, dtype=torch.int64)
+    strided = {"loss_mask": columns.t()}  # [2, 4], not contiguous: its flat form is a copy
+    assert mask_tokens(strided, (0, 5), 8) == 2
+    assert columns.t().tolist() == [[0, 1, 1, 1], [1, 0, 1, 1]]
+
     class Record:
         loss_mask = None
 
     record = Record()
     assert mask_tokens(record, (), 2) == 0 and record.loss_mask == [1, 1]
+
+
+def test_a_trajectory_whose_loss_mask_cannot_be_set_is_refused_naming_the_fix() -> None:
+    from types import MappingProxyType
+
+    from stalebound.core import ProtocolError
+    from stalebound.runtime.episodes import mask_tokens
+
+    with pytest.raises(ProtocolError) as e:
+        mask_tokens(MappingProxyType({"loss_mask": [1, 1]}), (0,), 2)
+    assert str(e.value) == (
+        "a continued trajectory's loss_mask cannot be set on a mappingproxy ('mappingproxy' "
+        "object does not support item assignment): the executor masks the tokens staler than "
+        "the bound in it, so return a dict or an object whose loss_mask can be assigned"
+    )
 
 
 def test_a_loss_mask_that_cannot_be_lined_up_with_the_token_versions_is_refused() -> None:

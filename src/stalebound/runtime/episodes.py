@@ -177,7 +177,7 @@ def mask_tokens(result: Any, positions: Iterable[int], length: int) -> int:
     ``None`` mask stands for all ones and is replaced by a list; a list or tuple by a new list; a
     tensor or array is changed in place (any shape, e.g. ``[1, seqlen]``)."""
     mapping = type(result) is dict or isinstance(result, Mapping)
-    mask = result.get("loss_mask") if mapping else getattr(result, "loss_mask", None)
+    mask: Any = result.get("loss_mask") if mapping else getattr(result, "loss_mask", None)
     if mask is None:
         mask = [1] * length
     elif isinstance(mask, (list, tuple)):
@@ -194,10 +194,19 @@ def mask_tokens(result: Any, positions: Iterable[int], length: int) -> int:
         if flat[i]:
             flat[i] = 0
             masked += 1
-    if mapping:
-        result["loss_mask"] = mask
-    else:
-        result.loss_mask = mask
+    if flat is not mask:  # a tensor's flat view, or its copy where it is not contiguous
+        mask[...] = flat.reshape(mask.shape)
+    try:
+        if mapping:
+            result["loss_mask"] = mask
+        else:
+            result.loss_mask = mask
+    except (TypeError, AttributeError) as e:
+        raise ProtocolError(
+            f"a continued trajectory's loss_mask cannot be set on a {type(result).__name__} "
+            f"({e}): the executor masks the tokens staler than the bound in it, so return a dict "
+            "or an object whose loss_mask can be assigned"
+        ) from None
     return masked
 
 
