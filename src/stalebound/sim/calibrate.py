@@ -337,28 +337,16 @@ class _Period(NamedTuple):
 
     start: float
     end: float
-    joins: int
-    steps: int
-    """Decode steps: the most tokens of one episode."""
-    tokens: int
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
 
 
 def _busy_periods(records: Sequence[TrajectoryRecord]) -> list[_Period]:
     """The engine's busy periods over ``records`` (episodes that generated), in time order."""
-    spans = sorted((r.start, max(r.start, _generation_end(r)), r.tokens) for r in records)
     periods: list[_Period] = []
-    for s, e, k in spans:
-        last = periods[-1] if periods else None
-        if last is None or s > last.end:
-            periods.append(_Period(s, e, 1, k, k))
+    for s, e in sorted((r.start, max(r.start, _generation_end(r))) for r in records):
+        if periods and s <= periods[-1].end:
+            periods[-1] = _Period(periods[-1].start, max(periods[-1].end, e))
         else:
-            periods[-1] = _Period(
-                last.start, max(last.end, e), last.joins + 1, max(last.steps, k), last.tokens + k
-            )
+            periods.append(_Period(s, e))
     return periods
 
 
