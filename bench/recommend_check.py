@@ -11,7 +11,7 @@ error, and each run's speed against the fastest hand-picked row. With `--invocat
 repeats all of it and prints the medians with their ranges. Absolute figures depend on the
 machine's load; the ratios are taken within each invocation.
 
-    .venv/bin/python bench/recommend_check.py [--invocations 3] [--steps 30] [--max-staleness X]
+    .venv/bin/python bench/recommend_check.py [--invocations 3] [--steps 60] [--max-staleness X]
                                               [--start KEY=VALUE ...] [--keep DIR]
 
 ``--keep DIR`` keeps each invocation's run directories under ``DIR/<invocation>/`` (``start``,
@@ -113,7 +113,7 @@ def _cell(values: list[float], fmt: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--invocations", type=int, default=1, help="repeat it all (1)")
-    parser.add_argument("--steps", type=int, default=30, help="training steps per run (30)")
+    parser.add_argument("--steps", type=int, default=60, help="training steps per run (60)")
     parser.add_argument(
         "--max-staleness", type=float, default=None, help="the recommendation's limit (none)"
     )

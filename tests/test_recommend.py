@@ -22,6 +22,8 @@ from stalebound.sim.recommend import (
     TIE,
     Candidate,
     Setting,
+    _choose,
+    default_setting,
     pareto_front,
     recommend,
     simulate_settings,
@@ -66,6 +68,28 @@ def test_the_recommendation_is_the_fastest_setting_within_the_limits(cal: Calibr
     assert {c.setting.grace_steps for c in rec.candidates} == {0.25, 1.0, None}
     # the run itself, as it ran: the recipe's deadline policy at η_h = 4, η_s = 2
     assert rec.current.setting == Setting("deadline", 4, 2)
+
+
+def test_a_tie_keeps_the_runs_own_setting_else_the_default_else_the_least_stale() -> None:
+    def candidate(setting: Setting, step_s: float, staleness: float) -> Candidate:
+        return Candidate(setting, step_s, 256 / step_s, staleness, 0.0, 0.0)
+
+    own, default = Setting("capacity", 2), default_setting()
+    fastest = candidate(Setting("capacity", 8), 1.0, 6.0)
+    least_stale = candidate(Setting("deadline", 2, 1), 1.0 + TIE, 0.9)
+    tied = [fastest, candidate(own, 1.08, 1.9), candidate(default, 1.09, 1.8), least_stale]
+    slower = candidate(Setting("capacity", 1), 1.0 + 2 * TIE, 0.5)
+    pool = [*tied, slower]
+    assert _choose(pool, "time-per-step", keep=(own, default)).setting == own
+    # the run's own setting is predicted slower than the tie: the default is kept
+    assert _choose(pool, "time-per-step", keep=(slower.setting, default)).setting == default
+    assert _choose(pool, "time-per-step", keep=(slower.setting,)) == least_stale
+    assert _choose([fastest, slower], "time-per-step", keep=(own, default)) == fastest
+
+
+def test_the_default_setting_is_the_train_recipes() -> None:
+    # configs/train.yaml: deadline, η_h = 4, η_s derived (2), truncate, grace 0.25
+    assert default_setting() == Setting("deadline", 4, 2, grace_steps=0.25, concurrency=None)
 
 
 def test_the_front_holds_exactly_the_settings_no_other_beats(cal: Calibration) -> None:

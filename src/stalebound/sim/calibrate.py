@@ -62,6 +62,7 @@ __all__ = [
     "Measured",
     "RunInfo",
     "calibrate",
+    "deadline_spec",
     "measure",
     "predict",
     "read_run_info",
@@ -204,7 +205,7 @@ def _steps(run_dir: Path) -> list[dict[str, float]]:
     return steps
 
 
-def _deadline_spec(deadline: dict[str, Any], hard: int) -> tuple[str, int, int]:
+def deadline_spec(deadline: dict[str, Any], hard: int) -> tuple[str, int, int]:
     """The simulator's deadline policy (one of :data:`POLICIES`), its soft target η_s and its
     hard bound η_h for a run's ``rollout.deadline`` section and hard bound."""
     soft, hard = deadline_bounds(deadline.get("target"), hard)
@@ -234,7 +235,7 @@ def read_run_info(run_dir: str | Path) -> RunInfo:
         staleness = int(rollout.get("staleness", rollout.get(AREAL_STALENESS_NAME)))
         target = None
         if policy == "deadline":
-            policy, target, staleness = _deadline_spec(rollout.get("deadline") or {}, staleness)
+            policy, target, staleness = deadline_spec(rollout.get("deadline") or {}, staleness)
         local = engine.get("kind", "local") == "local"
         return RunInfo(
             policy=policy,

@@ -29,7 +29,7 @@ import yaml
 
 from stalebound.core.errors import ConfigError
 from stalebound.obs.records import METRICS_FILE, read_jsonl
-from stalebound.sim.calibrate import Calibration, write_workload
+from stalebound.sim.calibrate import Calibration, deadline_spec, write_workload
 from stalebound.sim.config import WorkloadConfig, load_workload
 from stalebound.sim.policies import coordinator_settings, policy_spec
 from stalebound.sim.simulator import SimResult, simulate
@@ -41,6 +41,7 @@ __all__ = [
     "Recommendation",
     "Setting",
     "check_limits",
+    "default_setting",
     "pareto_front",
     "recommend",
     "simulate_settings",
@@ -71,11 +72,13 @@ REFINED = 4
 """How many of the first stage's fastest settings (overall, and within the limits) the second
 stage varies."""
 
-TIE = 0.05
-"""Settings predicted within this share of the fastest within the limits count as tied; the
-least stale of them is recommended. A calibrated prediction is good to about 10 % (more where the
-run overlapped generation and training less than the setting would), so a few percent of
-predicted speed is not worth staler data."""
+TIE = 0.10
+"""Settings predicted within this share of the fastest within the limits count as tied: the
+simulator cannot tell them apart. A calibrated prediction is good to about 10 % (more where the
+run overlapped generation and training less than the setting would), so of tied settings the
+recommendation keeps the run's own, else the shipped default (:func:`default_setting`), else takes
+the least stale: a few percent of predicted speed is worth neither a change nobody measured nor
+staler data."""
 
 MIN_STEPS = 20
 """The fewest training steps each setting is simulated for (a shorter run's warm-up would weigh
@@ -357,11 +360,36 @@ def pareto_front(candidates: Sequence[Candidate], objective: str) -> list[Candid
     return sorted(unique.values(), key=key)
 
 
-def _choose(candidates: Sequence[Candidate], objective: str) -> Candidate:
-    """The fastest, or of those within :data:`TIE` of it the least stale, least truncated, least
-    wasteful."""
+def default_setting() -> Setting:
+    """The setting ``stalebound train`` runs without overrides (``configs/train.yaml``)."""
+    from stalebound.config import TRAIN_RECIPE, load_config  # the recipe, only when asked
+
+    rollout = load_config([TRAIN_RECIPE]).rollout
+    deadline = rollout.staleness_policy == "deadline"
+    policy, staleness, target = str(rollout.staleness_policy), rollout.staleness, None
+    if deadline:
+        section = {"target": rollout.deadline.target, "action": rollout.deadline.action}
+        policy, target, staleness = deadline_spec(section, staleness)
+    return Setting(
+        policy,
+        staleness,
+        target,
+        grace_steps=rollout.deadline.grace_steps if deadline else 0.25,
+        concurrency=rollout.max_concurrent_rollouts,
+    )
+
+
+def _choose(
+    candidates: Sequence[Candidate], objective: str, keep: Sequence[Setting] = ()
+) -> Candidate:
+    """The fastest, or of those within :data:`TIE` of it the first of ``keep`` (the run's own
+    setting, the default), else the least stale, least truncated, least wasteful."""
     fastest = min(c.objective(objective) for c in candidates)
     tied = [c for c in candidates if c.objective(objective) <= fastest * (1 + TIE)]
+    for setting in keep:
+        kept = [c for c in tied if c.setting == setting]
+        if kept:
+            return kept[0]
     return min(
         tied, key=lambda c: (c.staleness_mean, c.truncated, c.wasted, c.objective(objective))
     )
@@ -421,12 +449,16 @@ def recommend(
         ok = [c for c in fast if c.meets(max_staleness, share)]
         best = dict.fromkeys(c.setting for c in [*fast[:REFINED], *ok[:REFINED]])
         sweep.run(_second_stage(best, cal.run.groups))
+        default = default_setting()
+        if default.policy in policies and default.staleness in bounds:
+            sweep.one(default)
         candidates = tuple(sweep.done.values())
         run = cal.run  # predicted beside the others, a candidate only where the sweep has it
         current = sweep.one(
             Setting(run.policy, run.staleness, run.target, concurrency=run.max_concurrent_groups)
         )
     meeting = [c for c in candidates if c.meets(max_staleness, share)]
+    chosen = _choose(meeting, objective, keep=(current.setting, default)) if meeting else None
     closest = None
     if not meeting:
         closest = min(
@@ -438,7 +470,7 @@ def recommend(
         candidates=candidates,
         front=tuple(pareto_front(candidates, objective)),
         current=current,
-        recommended=_choose(meeting, objective) if meeting else None,
+        recommended=chosen,
         closest=closest,
         max_staleness=max_staleness,
         max_truncated=max_truncated,
