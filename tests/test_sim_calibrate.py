@@ -12,11 +12,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from stalebound.cli import main
 from stalebound.core import ConfigError
+from stalebound.obs.trace import TrajectoryRecord
 from stalebound.sim.calibrate import (
     Calibration,
     calibrate,
@@ -286,42 +288,78 @@ def test_a_contention_beyond_the_cap_is_capped_and_says_so(tmp_path: Path) -> No
     assert "capped: the steps said 0.91 s per second of overlap" in fit.error
 
 
-def test_the_engine_fit_recovers_a_simulated_engines_step_costs(tmp_path: Path) -> None:
-    # a simulated synchronous run (each step's batch drains to its stragglers, so the batch runs
-    # from 1 to 128) whose engine pays per step, per active request, and per active request and
-    # token of the longest live context (the embedded engine's padded cache); the fit reads the
-    # trace alone, as it reads a real run's. A fit without the context term misses the full
-    # batch of long contexts by half.
+def _simulated_trace(
+    folder: Path, staleness: int, lengths: dict[str, Any], **engine: Any
+) -> list[TrajectoryRecord]:
+    """The complete episodes of a simulated capacity run at ``staleness`` on one replica (512
+    slots, batch 256) with ``engine``'s step costs: a trace the engine fit reads as it reads a
+    real run's."""
     from stalebound.obs.trace import read_trace
-    from stalebound.sim.calibrate import _fit_engine
     from stalebound.sim.config import workload_from_dict
     from stalebound.sim.rundir import write_run_dir
 
-    base, per_seq, per_ctx = 0.004, 0.0002, 2e-6
     cfg = workload_from_dict(
         {
-            "lengths": {"distribution": "lognormal", "median": 3, "p99": 60, "cap": 200},
-            "engine": {
-                "replicas": 1,
-                "max_concurrency": 512,
-                "max_batch": 256,
-                "step_base": base,
-                "step_per_seq": per_seq,
-                "step_per_ctx": per_ctx,
-            },
+            "lengths": {"distribution": "lognormal", **lengths},
+            "engine": {"replicas": 1, "max_concurrency": 512, "max_batch": 256, **engine},
             "batch": {"groups": 16, "group_size": 8},
             "trainer": {"step_time": 0.1, "per_token": 0.0, "publish": 0.01},
             "agent": {"reward_latency": {"distribution": "fixed", "value": 1e-6}},
             "run": {"steps": 20},
         }
     )
-    write_run_dir(cfg, "capacity", 0, tmp_path / "r")
-    _, records = read_trace(tmp_path / "r" / "trace.jsonl")
-    _, b, p, c, _ = _fit_engine([r for r in records if r.complete and r.tokens > 0], 1, 256)
+    write_run_dir(cfg, "capacity", staleness, folder / "r")
+    _, records = read_trace(folder / "r" / "trace.jsonl")
+    return [r for r in records if r.complete and r.tokens > 0]
+
+
+def test_the_engine_fit_recovers_a_simulated_engines_step_costs(tmp_path: Path) -> None:
+    # a simulated synchronous run (each step's batch drains to its stragglers, so the batch runs
+    # from 1 to 128) whose engine pays per step, per active request, and per active request and
+    # token of the longest live context (the embedded engine's padded cache); the fit reads the
+    # trace alone, as it reads a real run's. A fit without the context term misses the full
+    # batch of long contexts by half.
+    from stalebound.sim.calibrate import _fit_engine
+
+    base, per_seq, per_ctx = 0.004, 0.0002, 2e-6
+    lengths = {"median": 3, "p99": 60, "cap": 200}
+    done = _simulated_trace(
+        tmp_path, 0, lengths, step_base=base, step_per_seq=per_seq, step_per_ctx=per_ctx
+    )
+    _, b, p, c, _ = _fit_engine(done, 1, 256)
     # a step of one request is the least seen (the tails of a few steps): the loosest
     for batch, context, error in ((1, 0, 0.5), (100, 50, 0.2), (256, 100, 0.2)):
         true = base + per_seq * batch + per_ctx * batch * context
         assert b + p * batch + c * batch * context == pytest.approx(true, rel=error), (b, p, c)
+
+
+def test_the_engine_fit_counts_a_step_once_per_cohort(tmp_path: Path) -> None:
+    # a simulated run at η = 2 with heavy-tailed answers on an engine that decodes in cohorts
+    # (stragglers decode apart from the newer rows, each cohort a forward pass that pays the
+    # step's fixed cost: 1 to 5 passes a step); the fit rebuilds the cohorts from the trace. A
+    # fit without them puts the passes into the fixed cost: a step of one cohort comes out
+    # several times too slow.
+    from stalebound.core.cohorts import COHORT_PADDING_SLOTS
+    from stalebound.sim.calibrate import _fit_engine
+
+    base, per_seq = 0.004, 0.0002
+    lengths = {"median": 20, "p99": 400, "cap": 1000}
+    done = _simulated_trace(
+        tmp_path,
+        2,
+        lengths,
+        step_base=base,
+        step_per_seq=per_seq,
+        cohort_padding=COHORT_PADDING_SLOTS,
+    )
+    _, b, p, c, error = _fit_engine(done, 1, 256, COHORT_PADDING_SLOTS)
+    assert "cohorts 1.0–5.0" in error
+    # the fit is loosest where the run spent least time (one cohort of a few rows)
+    for cohorts, batch, tolerance in ((1, 10, 0.5), (4, 256, 0.2)):
+        true = base * cohorts + per_seq * batch
+        assert b * cohorts + p * batch == pytest.approx(true, rel=tolerance), (b, p, c)
+    _, b1, p1, c1, _ = _fit_engine(done, 1, 256)
+    assert b1 + p1 * 10 > 3 * (base + per_seq * 10), (b1, p1, c1)
 
 
 def test_the_contention_is_read_from_the_training_threads_cpu_seconds(tmp_path: Path) -> None:

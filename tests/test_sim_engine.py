@@ -131,3 +131,26 @@ def test_a_step_costs_more_as_the_oldest_sequences_context_grows() -> None:
     left = r.next_finish(r.last)
     assert left == pytest.approx(r.last + 6 * 0.01 + 0.001 * (4 * 6 + 6 * 6 / 2))
     assert r.decoded(young) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(("budget", "passes"), [(None, 1), (19, 2), (20, 1)])
+def test_with_cohorts_a_step_pays_its_fixed_cost_once_per_cohort(
+    budget: int | None, passes: int
+) -> None:
+    # step = 0.01 × cohorts + 0.001 × active. One sequence decodes 10 steps alone (0.011 s a
+    # step), then 2 join: merged they would pad 2 × 10 = 20 cache slots, so a budget of 20
+    # keeps one cohort and 19 two; the 2 finish after 5 steps, and the first decodes alone again
+    r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.001, cohort_padding=budget)
+    r.advance(0.0)
+    r.join("old", 30)
+    t = 10 * 0.011
+    r.advance(t)
+    assert r.progress == pytest.approx(10.0)
+    r.join("young", 5)
+    r.join("young", 5)
+    step = 0.01 * passes + 0.003
+    t_young = r.next_finish(t)
+    assert t_young == pytest.approx(t + 5 * step)
+    r.advance(t_young)
+    assert [s.owner for s in r.pop_finished()] == ["young", "young"]
+    assert r.next_finish(t_young) == pytest.approx(t_young + 15 * 0.011)

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from stalebound.core.cohorts import COHORT_PADDING_SLOTS, next_merge
 from stalebound.engines.models import cache_keyword, id_tuple, load_model
 from stalebound.engines.protocol import Continuation, FinishReason, GenerateResponse
 
@@ -137,14 +138,6 @@ class _Sequence:
         )
 
 
-COHORT_PADDING_SLOTS = 1024
-"""On a CPU, two cohorts merge while the padding the merge adds (rows × positions) stays under
-this: about what one more forward pass of a decode step costs (measured on the default model:
-~1.2 ms a pass, ~1.3 µs a cache slot at batch 256)."""
-MAX_COHORTS = 8
-"""At most this many cohorts (forward passes per decode step); past it the cheapest pair merges."""
-
-
 @dataclass(eq=False)
 class _Cohort:
     """Running requests decoded in one forward pass: row i of the KV cache and of the mask
@@ -160,10 +153,10 @@ class _Cohort:
     def width(self) -> int:
         return int(self.mask.shape[1])
 
-    def padding_with(self, other: _Cohort) -> int:
-        """Cache slots of padding that merging with ``other`` adds."""
-        width = max(self.width, other.width)
-        return len(self.seqs) * (width - self.width) + len(other.seqs) * (width - other.width)
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Rows and width, as :mod:`stalebound.core.cohorts` takes a cohort."""
+        return len(self.seqs), self.width
 
 
 def _merge(a: _Cohort, b: _Cohort) -> _Cohort:
@@ -341,14 +334,7 @@ class Worker:
         (``padding_budget``), or while there are more than ``MAX_COHORTS``, merge the pair that
         pads the fewest."""
         self.cohorts.sort(key=lambda c: c.width)
-        while len(self.cohorts) > 1:
-            added = [
-                a.padding_with(b) for a, b in zip(self.cohorts, self.cohorts[1:], strict=False)
-            ]
-            i = min(range(len(added)), key=added.__getitem__)
-            budget = self.padding_budget
-            if len(self.cohorts) <= MAX_COHORTS and budget is not None and added[i] > budget:
-                return
+        while (i := next_merge([c.shape for c in self.cohorts], self.padding_budget)) is not None:
             self.cohorts[i : i + 2] = [_merge(self.cohorts[i], self.cohorts[i + 1])]
 
     def _decode(self, cohort: _Cohort) -> None:

@@ -37,11 +37,14 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from stalebound.core.cohorts import COHORT_PADDING_SLOTS
 from stalebound.core.deadline import deadline_bounds
 from stalebound.core.errors import ConfigError, ProtocolError
+from stalebound.engines.devices import resolve_device
 from stalebound.obs.records import METRICS_FILE, STALENESS_FILE, StalenessHistogram, read_jsonl
 from stalebound.obs.trace import TRACE_FILE, TrajectoryRecord, read_run_trace
 from stalebound.runtime.config import AREAL_STALENESS_NAME
+from stalebound.sim.cohorts import Cohort, Cohorts
 from stalebound.sim.config import (
     AgentConfig,
     BatchConfig,
@@ -103,6 +106,9 @@ class RunInfo:
     max_batch: int | None
     max_in_flight: int | None
     max_concurrent_groups: int | None
+    cohort_padding: int | None = None
+    """The embedded engine's cohort merge budget when it ran on a CPU (``engine.kind: local``,
+    ``engine.device`` ``cpu``, or ``auto`` on a machine without a GPU); ``None``: one batch."""
 
 
 @dataclass(frozen=True)
@@ -248,6 +254,9 @@ def read_run_info(run_dir: str | Path) -> RunInfo:
             max_batch=int(engine["max_batch_size"]) if local else None,
             max_in_flight=engine.get("max_in_flight_per_engine"),
             max_concurrent_groups=rollout.get("max_concurrent_rollouts"),
+            cohort_padding=COHORT_PADDING_SLOTS
+            if local and resolve_device(str(engine.get("device", "auto"))) == "cpu"
+            else None,
         )
     except ConfigError:
         raise
@@ -377,8 +386,46 @@ bin to bin, long enough to hold several decode steps of a full batch (tenths of 
 embedded engine; shorter bins put the spread of the episodes' spans on the step's fixed cost)."""
 
 
+def _cohort_counts(first: Any, last: Any, progress: Any, replicas: int, budget: float) -> Any:
+    """The mean number of decode cohorts per replica in each cell (:mod:`stalebound.sim.cohorts`
+    applied to the episodes joining at cell ``first`` and leaving at cell ``last``, on the step
+    counter ``progress`` of each cell). Episodes go to the replicas round robin, as placed."""
+    import numpy as np
+
+    cells = len(progress)
+    counts = np.zeros(cells)
+    order = np.argsort(first, kind="stable")
+    for r in range(replicas):
+        mine = order[r::replicas]
+        # in each cell the leaving episodes go first, then the joining ones
+        events = sorted(
+            [(min(int(last[i]), cells - 1), 0, int(i)) for i in mine]
+            + [(min(int(first[i]), cells - 1), 1, int(i)) for i in mine]
+        )
+        cohorts = Cohorts(budget)
+        joined: dict[int, tuple[Cohort, float]] = {}
+        at: list[int] = []
+        value: list[int] = []
+        for n, (cell, kind, i) in enumerate(events):
+            if kind:
+                start = float(progress[cell])
+                joined[i] = (cohorts.join(start), start)
+            else:
+                cohorts.leave(*joined.pop(i))
+            if n + 1 == len(events) or events[n + 1][0] != cell:
+                at.append(cell)
+                value.append(cohorts.count(float(progress[cell])))
+        # each cell holds the count after the last change at or before it
+        index = np.searchsorted(np.asarray(at), np.arange(cells), side="right") - 1
+        counts += np.where(index >= 0, np.asarray(value)[np.maximum(index, 0)], 0)
+    return counts / replicas
+
+
 def _fit_engine(
-    records: Sequence[TrajectoryRecord], replicas: int, max_batch: int
+    records: Sequence[TrajectoryRecord],
+    replicas: int,
+    max_batch: int,
+    cohort_padding: float | None = None,
 ) -> tuple[float, float, float, float, str]:
     """``engine.prefill``, ``step_base``, ``step_per_seq``, ``step_per_ctx`` and the fit's error.
 
@@ -388,7 +435,10 @@ def _fit_engine(
     context (the tokens so far of the oldest request generating). Every active request gains one
     token per decode step, so a bin holds ``tokens ÷ batch`` steps, and its busy time is
     ``prefill × joins + step_base × steps + (step_per_seq + step_per_ctx × context) × tokens per
-    replica``. Fitted by non-negative least squares of each bin's residual relative to its busy
+    replica``; with ``cohort_padding`` (the embedded engine on a CPU) a step makes one forward
+    pass per cohort, and ``step_base`` is paid ``steps ×`` the bin's mean cohort count, the
+    cohorts rebuilt from the episodes' joins and ends on the bins' step counter
+    (:func:`_cohort_counts`). Fitted by non-negative least squares of each bin's residual relative to its busy
     time, so bins of a small batch (which pin the cost of a step) count as much as the full ones,
     then scaled so the bins add up to the engine's busy time."""
     import numpy as np
@@ -425,23 +475,40 @@ def _fit_engine(
     generated = binned(rate * cell) / replicas
     batch = binned(np.minimum(live, max_batch) * cell) / np.maximum(busy, 1e-12)
     long = binned(rate * context * cell) / replicas
+    if cohort_padding is None:
+        passes = np.ones(n)
+    else:
+        # the decode steps of each cell (each active request gains a token a step), their count
+        # so far, and on it the cohorts: a step makes one forward pass per cohort
+        steps = rate * cell / replicas / np.maximum(np.minimum(live, max_batch), 1.0)
+        progress = np.concatenate([[0.0], np.cumsum(steps)[:-1]])
+        cohorts = np.maximum(_cohort_counts(first, last, progress, replicas, cohort_padding), 1.0)
+        passes = binned(cohorts * steps) / np.maximum(binned(steps), 1e-12)  # per step, on average
     joined = binned(joins[:cells]) / replicas
     keep = (busy > ENGINE_BIN_S / 2) & (generated > 0)
     if keep.sum() < 4:  # too short a run for bins: the whole run as one
         keep = np.ones(1, dtype=bool)
+        passes = np.atleast_1d(float((passes * busy).sum() / max(float(busy.sum()), 1e-12)))
         busy, generated, long, joined = (
             np.atleast_1d(x.sum()) for x in (busy, generated, long, joined)
         )
         batch = np.atleast_1d(float(np.mean(np.minimum(live, max_batch)[live > 0])))
     y = busy[keep]
-    columns = [joined[keep], generated[keep] / batch[keep], generated[keep], long[keep]]
+    steps = generated[keep] / batch[keep] * passes[keep]  # forward passes
+    columns = [joined[keep], steps, generated[keep], long[keep]]
     coef, rms = _lstsq_nonneg([(c / y).tolist() for c in columns], [1.0] * len(y))
     fitted = sum(c * float(col.sum()) for c, col in zip(coef, columns, strict=True))
     level = float(y.sum()) / fitted if fitted > 0 else 1.0
     prefill, step_base, per_seq, per_ctx = (c * level for c in coef)
     error = (
         f"over {int(keep.sum())} bins of {ENGINE_BIN_S:g} s, batch {float(batch[keep].min()):.0f}–"
-        f"{float(batch[keep].max()):.0f}: RMS relative residual {rms:.0%}"
+        f"{float(batch[keep].max()):.0f}"
+        + (
+            ""
+            if cohort_padding is None
+            else f", cohorts {float(passes[keep].min()):.1f}–{float(passes[keep].max()):.1f}"
+        )
+        + f": RMS relative residual {rms:.0%}"
     )
     return prefill, max(step_base, 1e-6), per_seq, per_ctx, error
 
@@ -522,7 +589,7 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
     fits.append(Fit("agent.reward_latency", statistics.fmean(rewards), "s", _spread(rewards, " s")))
 
     prefill, step_base, per_seq, per_ctx, engine_error = _fit_engine(
-        done, info.replicas, info.max_batch or MAX_IN_FLIGHT
+        done, info.replicas, info.max_batch or MAX_IN_FLIGHT, info.cohort_padding
     )
     fits += [
         Fit("engine.prefill", prefill, "s per joining request", engine_error),
@@ -604,6 +671,7 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
             step_per_ctx=per_ctx,
             max_batch=info.max_batch,
             prefill=prefill,
+            cohort_padding=info.cohort_padding,
         ),
         batch=BatchConfig(
             info.groups, info.group_size, info.max_concurrent_groups, runtime_default=True

@@ -101,9 +101,10 @@ class DistributionConfig:
 class EngineConfig:
     """Inference replicas with continuous batching.
 
-    One decode step takes ``step_base + step_per_seq × active + step_per_ctx × active × context``
-    seconds (``context``: the tokens the oldest active sequence has decoded in its segment) and
-    advances every active sequence of the replica by one token. A replica holds at most ``max_concurrency`` sequences
+    One decode step takes ``step_base × cohorts + step_per_seq × active + step_per_ctx × active ×
+    context`` seconds (``context``: the tokens the oldest active sequence has decoded in its
+    segment; ``cohorts``: 1 unless ``cohort_padding`` is set) and advances every active sequence
+    of the replica by one token. A replica holds at most ``max_concurrency`` sequences
     and decodes at most ``max_batch`` of them at once (the rest wait their turn).
     """
 
@@ -129,6 +130,16 @@ class EngineConfig:
     """Seconds each sequence joining the batch stalls its replica (its prefill)."""
     update_stall: float = _ge(0.0, "give seconds, 0 for none")
     """Seconds every replica stops decoding when new weights arrive (installing them)."""
+    cohort_padding: int | None = field(
+        default=None,
+        metadata=bounds(
+            ge=0, fix="give cache slots (1024 for the embedded engine on a CPU), or null"
+        ),
+    )
+    """Decode in cohorts as the embedded engine on a CPU does: sequences that join together form
+    one, neighbouring cohorts merge while the padding a merge adds is at most this many cache
+    slots (and always while there are more than 8), and a step pays ``step_base`` once per
+    cohort. ``None``: one batch, one ``step_base`` a step (vLLM, a GPU)."""
 
 
 @dataclass(frozen=True)

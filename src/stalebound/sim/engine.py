@@ -24,6 +24,11 @@ Three costs beyond the decode step, each 0 unless a workload sets it (calibratio
   (prefill included) when one leaves;
 * :meth:`Replica.stall`: the replica stops decoding for a while (installing new weights).
 
+With ``cohort_padding`` the replica decodes in cohorts as the embedded engine on a CPU does
+(:mod:`stalebound.sim.cohorts`): each step runs one forward pass per cohort and pays ``step_base``
+once per pass. The cohorts change only when a sequence joins or leaves, so between two events the
+step time stays linear in progress and the closed form holds.
+
 A sequence of 0 tokens (a wait modelled as a segment, like a reward) finishes at once, with no
 prefill.
 """
@@ -36,6 +41,7 @@ from collections import deque
 from typing import Any
 
 from stalebound.sim.clock import EventQueue
+from stalebound.sim.cohorts import Cohort, Cohorts
 
 __all__ = ["EventQueue", "Replica", "Sequence"]
 
@@ -46,7 +52,7 @@ class Sequence:
     A sequence waiting for a batch place has ``waiting`` set; ``start`` and ``finish`` are set
     when it joins the batch."""
 
-    __slots__ = ("cancelled", "finish", "owner", "start", "tokens", "waiting")
+    __slots__ = ("cancelled", "cohort", "finish", "owner", "start", "tokens", "waiting")
 
     def __init__(self, owner: Any, start: float, tokens: int) -> None:
         self.owner = owner
@@ -55,6 +61,7 @@ class Sequence:
         self.finish = start + tokens
         self.cancelled = False
         self.waiting = False
+        self.cohort: Cohort | None = None
 
 
 class Replica:
@@ -65,6 +72,7 @@ class Replica:
     """
 
     __slots__ = (
+        "_cohorts",
         "_heap",
         "_oldest",
         "_seq",
@@ -97,6 +105,7 @@ class Replica:
         prefill: float = 0.0,
         max_batch: int | None = None,
         per_ctx: float = 0.0,
+        cohort_padding: float | None = None,
     ) -> None:
         self.index = index
         self.max_slots = max_slots
@@ -123,6 +132,8 @@ class Replica:
         self._oldest: list[tuple[float, int, Sequence]] = []
         """The active sequences by the progress they joined at (kept only with ``per_ctx``)."""
         self._seq = 0
+        self._cohorts = None if cohort_padding is None else Cohorts(cohort_padding)
+        """The decode cohorts (``cohort_padding`` set): ``step_base`` is paid once per cohort."""
 
     def advance(self, now: float) -> None:
         """Bring ``progress`` and the counters up to ``now``."""
@@ -138,7 +149,8 @@ class Replica:
 
     def _costs(self) -> tuple[float, float]:
         """The current step's seconds and what each further step adds (the context's growth)."""
-        first = self.step_base + self.per_seq * self.active
+        passes = self._cohorts.count(self.progress) if self._cohorts is not None else 1
+        first = self.step_base * passes + self.per_seq * self.active
         if not self.per_ctx:
             return first, 0.0
         oldest = self._oldest
@@ -189,6 +201,8 @@ class Replica:
         heapq.heappush(self._heap, (s.finish, self._seq, s))
         if self.per_ctx:
             heapq.heappush(self._oldest, (s.start, self._seq, s))
+        if self._cohorts is not None and s.tokens:
+            s.cohort = self._cohorts.join(s.start)
         self.active += 1
 
     def _fill(self) -> None:
@@ -212,8 +226,14 @@ class Replica:
             self.waiting -= 1
         else:
             self.active -= 1
+            self._leave(s)
             self._fill()
         return done
+
+    def _leave(self, s: Sequence) -> None:
+        if s.cohort is not None and self._cohorts is not None:
+            self._cohorts.leave(s.cohort, s.start)
+            s.cohort = None
 
     def next_finish(self, now: float) -> float | None:
         """When the next active sequence finishes at the current step time, or ``None``."""
@@ -237,6 +257,7 @@ class Replica:
             s = heapq.heappop(heap)[2]
             if not s.cancelled:
                 s.cancelled = True  # finished: no longer cancellable
+                self._leave(s)
                 done.append(s)
         self.active -= len(done)
         if self._waiting:

@@ -118,6 +118,7 @@ class EngineModel:
                 prefill=e.prefill,
                 max_batch=e.max_batch,
                 per_ctx=e.step_per_ctx,
+                cohort_padding=e.cohort_padding,
             )
             for i in range(e.replicas)
         ]
