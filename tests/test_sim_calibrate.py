@@ -265,6 +265,25 @@ def test_a_deadline_run_is_simulated_at_its_hard_bound_and_soft_target(
     assert (info.policy, info.staleness, info.target) == expected
 
 
+@pytest.mark.parametrize(
+    ("engine", "padding"),
+    [
+        ("kind: local, device: cpu", 1024),
+        ("kind: local, device: cuda", None),
+        ("kind: vllm, urls: [http://a:8000]", None),
+    ],
+)
+def test_the_cohorts_are_modelled_for_the_embedded_engine_on_a_cpu_only(
+    tmp_path: Path, engine: str, padding: int | None
+) -> None:
+    (tmp_path / "config.yaml").write_text(
+        "rollout: {staleness_policy: capacity, staleness: 1, consumer_batch_size: 1,"
+        f" group_size: 2}}\nengine: {{{engine}, replicas: 1, max_batch_size: 8}}\n"
+        "run: {steps: 3}\n"
+    )
+    assert read_run_info(tmp_path).cohort_padding == padding
+
+
 def test_a_contention_beyond_the_cap_is_capped_and_says_so(tmp_path: Path) -> None:
     # the engines generate over [0, 6] s (the trace of _broken_run); step 2 trains 5 s inside
     # it, steps 3 and 4 train 0.5 and 0.4 s outside: 0.91 s more per second of overlap

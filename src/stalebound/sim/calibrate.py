@@ -438,8 +438,8 @@ def _fit_engine(
     replica``; with ``cohort_padding`` (the embedded engine on a CPU) a step makes one forward
     pass per cohort, and ``step_base`` is paid ``steps ×`` the bin's mean cohort count, the
     cohorts rebuilt from the episodes' joins and ends on the bins' step counter
-    (:func:`_cohort_counts`). Fitted by non-negative least squares of each bin's residual relative to its busy
-    time, so bins of a small batch (which pin the cost of a step) count as much as the full ones,
+    (:func:`_cohort_counts`). Fitted by non-negative least squares of each bin's residual
+    relative to its busy time, so bins of a small batch (which pin the cost of a step) count as much as the full ones,
     then scaled so the bins add up to the engine's busy time."""
     import numpy as np
 
@@ -480,10 +480,10 @@ def _fit_engine(
     else:
         # the decode steps of each cell (each active request gains a token a step), their count
         # so far, and on it the cohorts: a step makes one forward pass per cohort
-        steps = rate * cell / replicas / np.maximum(np.minimum(live, max_batch), 1.0)
-        progress = np.concatenate([[0.0], np.cumsum(steps)[:-1]])
+        per_cell = rate * cell / replicas / np.maximum(np.minimum(live, max_batch), 1.0)
+        progress = np.concatenate([[0.0], np.cumsum(per_cell)[:-1]])
         cohorts = np.maximum(_cohort_counts(first, last, progress, replicas, cohort_padding), 1.0)
-        passes = binned(cohorts * steps) / np.maximum(binned(steps), 1e-12)  # per step, on average
+        passes = binned(cohorts * per_cell) / np.maximum(binned(per_cell), 1e-12)  # a step's
     joined = binned(joins[:cells]) / replicas
     keep = (busy > ENGINE_BIN_S / 2) & (generated > 0)
     if keep.sum() < 4:  # too short a run for bins: the whole run as one
@@ -593,7 +593,12 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
     )
     fits += [
         Fit("engine.prefill", prefill, "s per joining request", engine_error),
-        Fit("engine.step_base", step_base, "s per decode step", engine_error),
+        Fit(
+            "engine.step_base",
+            step_base,
+            "s per decode step" + (" and cohort" if info.cohort_padding is not None else ""),
+            engine_error,
+        ),
         Fit("engine.step_per_seq", per_seq, "s per active request per step", engine_error),
         Fit(
             "engine.step_per_ctx",
