@@ -33,18 +33,18 @@ def test_cohorts_form_at_joins_merge_by_the_rule_and_narrow_as_rows_leave() -> N
         c.leave(x, 100.0)
     # 8 rows 10 wide beside the straggler 110 wide: 8 × 100 = 800 slots, within 1024
     assert c.count(120.0) == 1
-    c.leave(straggler, 0.0)  # the merged cohort narrows to its earliest live row (joined at 100)
+    c.leave(straggler, 0.0)
     for x in late:
         c.leave(x, 110.0)
-    newcomers = [c.join(400.0) for _ in range(8)]
-    # the 4 rows left are 300 wide: the 8 newcomers would pad 8 × 300 = 2400 slots, apart
-    assert c.count(400.0) == 2
+    newcomers = [c.join(350.0) for _ in range(4)]
+    # the 4 rows left joined at 100 (the straggler's columns went with it): 250 wide, so the
+    # newcomers pad 4 × 250 = 1000 slots and merge (4 × 350 = 1400 would keep them apart)
+    assert c.count(350.0) == 1
     for x in batch[60:]:
         c.leave(x, 100.0)
-    assert c.count(401.0) == 1
     for x in newcomers:
-        c.leave(x, 400.0)
-    assert c.count(402.0) == 0
+        c.leave(x, 350.0)
+    assert c.count(351.0) == 0
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
