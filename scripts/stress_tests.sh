@@ -34,7 +34,7 @@ for i in $(seq "$N"); do
   fi
   echo "run $i/$N: $verdict in $((SECONDS - start)) s — $(tail -n 1 "$log")"
   [[ "$verdict" == FAILED ]] && grep -E "^(FAILED|ERROR) " "$log" | sed 's/^/    /'
-  rm -f "$log"
+  if [[ "$verdict" == FAILED ]]; then echo "    log kept: $log"; else rm -f "$log"; fi
 done
 echo "$passed passed, $failed failed"
 ((failed == 0))
