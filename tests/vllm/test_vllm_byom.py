@@ -77,6 +77,9 @@ def test_train_against_vllm_with_the_users_checkpoint(
             f"engine.model_path={qwen2_dir}",
             "train.warm_start_steps=100",
             "train.lr=1e-3",
+            # the trainer waits for every due group, so any truncation below is the answer
+            # reaching max_new_tokens (a missed stop id), never a deadline a slow step set off
+            "rollout.deadline.grace_steps=null",
             "run.steps=10",
             f"run.run_dir={run_dir}",
             "run.live=false",
