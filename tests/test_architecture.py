@@ -149,6 +149,12 @@ def test_loading_the_runtime_loads_no_task_and_no_trainer() -> None:
     assert loaded == []
 
 
+def test_the_simulators_cohort_model_shares_the_engines_rule_without_torch() -> None:
+    # the merge rule sits beside the engine that uses it, in a module the simulator can load
+    loaded = _loaded_after("import stalebound.sim.cohorts", ("torch", "stalebound.engines.cohorts"))
+    assert loaded == ["stalebound.engines.cohorts"]
+
+
 def test_the_config_tree_composes_sections_without_loading_tasks_or_torch() -> None:
     loaded = _loaded_after(
         "import stalebound.config",

@@ -477,8 +477,8 @@ def test_a_long_straggler_decodes_apart_from_the_short_rows(model_dir: Path) -> 
     short rows are not padded to the straggler's cache (a decode step attends to about the
     slots the rows need, in two passes), the straggler joins them once few are left, and every
     request generates what it generates alone."""
-    from stalebound.core.cohorts import COHORT_PADDING_SLOTS
     from stalebound.engines._worker import Worker
+    from stalebound.engines.cohorts import COHORT_PADDING_SLOTS
 
     model = load_model(model_dir)
     passes: list[tuple[int, int]] = []  # (rows, cache width) of every decode pass

@@ -358,7 +358,7 @@ def test_the_engine_fit_counts_a_step_once_per_cohort(tmp_path: Path) -> None:
     # step's fixed cost: 1 to 5 passes a step); the fit rebuilds the cohorts from the trace. A
     # fit without them puts the passes into the fixed cost: a step of one cohort comes out
     # several times too slow.
-    from stalebound.core.cohorts import COHORT_PADDING_SLOTS
+    from stalebound.engines.cohorts import COHORT_PADDING_SLOTS
     from stalebound.sim.calibrate import _fit_engine
 
     base, per_seq = 0.004, 0.0002

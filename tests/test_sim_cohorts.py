@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from stalebound.core.cohorts import COHORT_PADDING_SLOTS, MAX_COHORTS, next_merge, padding
+from stalebound.engines.cohorts import COHORT_PADDING_SLOTS, MAX_COHORTS, next_merge, padding
 from stalebound.sim.cohorts import Cohorts
 
 

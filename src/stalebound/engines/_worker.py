@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from stalebound.core.cohorts import COHORT_PADDING_SLOTS, next_merge
+from stalebound.engines.cohorts import COHORT_PADDING_SLOTS, next_merge
 from stalebound.engines.models import cache_keyword, id_tuple, load_model
 from stalebound.engines.protocol import Continuation, FinishReason, GenerateResponse
 
@@ -155,7 +155,7 @@ class _Cohort:
 
     @property
     def shape(self) -> tuple[int, int]:
-        """Rows and width, as :mod:`stalebound.core.cohorts` takes a cohort."""
+        """Rows and width, as :mod:`stalebound.engines.cohorts` takes a cohort."""
         return len(self.seqs), self.width
 
 

@@ -37,9 +37,9 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from stalebound.core.cohorts import COHORT_PADDING_SLOTS
 from stalebound.core.deadline import deadline_bounds
 from stalebound.core.errors import ConfigError, ProtocolError
+from stalebound.engines.cohorts import COHORT_PADDING_SLOTS
 from stalebound.engines.devices import resolve_device
 from stalebound.obs.records import METRICS_FILE, STALENESS_FILE, StalenessHistogram, read_jsonl
 from stalebound.obs.trace import TRACE_FILE, TrajectoryRecord, read_run_trace
@@ -389,7 +389,8 @@ embedded engine; shorter bins put the spread of the episodes' spans on the step'
 def _cohort_counts(first: Any, last: Any, progress: Any, replicas: int, budget: float) -> Any:
     """The mean number of decode cohorts per replica in each cell (:mod:`stalebound.sim.cohorts`
     applied to the episodes joining at cell ``first`` and leaving at cell ``last``, on the step
-    counter ``progress`` of each cell). Episodes go to the replicas round robin, as placed."""
+    counter ``progress`` of each cell). Episodes go to the replicas round robin, as placed. Every
+    ``first`` and ``last`` is a cell of ``progress`` (:func:`_fit_engine` sizes the cells so)."""
     import numpy as np
 
     cells = len(progress)
@@ -399,8 +400,7 @@ def _cohort_counts(first: Any, last: Any, progress: Any, replicas: int, budget: 
         mine = order[r::replicas]
         # in each cell the leaving episodes go first, then the joining ones
         events = sorted(
-            [(min(int(last[i]), cells - 1), 0, int(i)) for i in mine]
-            + [(min(int(first[i]), cells - 1), 1, int(i)) for i in mine]
+            [(int(last[i]), 0, int(i)) for i in mine] + [(int(first[i]), 1, int(i)) for i in mine]
         )
         cohorts = Cohorts(budget)
         joined: dict[int, tuple[Cohort, float]] = {}

@@ -1,7 +1,7 @@
 """The decode cohorts an embedded engine on a CPU forms, followed on a step counter.
 
 The embedded engine starts a cohort with each batch of requests it admits together and merges
-neighbouring cohorts by the rule of :mod:`stalebound.core.cohorts`; every decode step runs one
+neighbouring cohorts by the rule of :mod:`stalebound.engines.cohorts`; every decode step runs one
 forward pass per cohort. :class:`Cohorts` follows that on a replica's step counter
 (``progress``): a request that joined at progress ``p`` has a cache ``progress − p`` wide, so a
 cohort is as wide as its earliest-joined live request (the engine trims columns that only pad).
@@ -15,7 +15,7 @@ padding) and the context a segment after a tool call brings back (it joins as a 
 
 from __future__ import annotations
 
-from stalebound.core.cohorts import next_merge
+from stalebound.engines.cohorts import next_merge
 
 __all__ = ["Cohort", "Cohorts"]
 

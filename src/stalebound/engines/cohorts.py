@@ -1,5 +1,5 @@
-"""When the embedded engine merges two decode cohorts (pure: shared by the engine and the
-simulator's model of it).
+"""When the embedded engine merges two decode cohorts: pure and torch-free, so that the engine's
+worker and the simulator's model of it (:mod:`stalebound.sim.cohorts`) share one rule.
 
 A *cohort* is a set of running requests decoded in one forward pass, their KV caches padded to
 the widest row. Each decode step runs one pass per cohort, so a cohort costs a pass's fixed cost
