@@ -284,6 +284,24 @@ def test_the_cohorts_are_modelled_for_the_embedded_engine_on_a_cpu_only(
     assert read_run_info(tmp_path).cohort_padding == padding
 
 
+@pytest.mark.parametrize(("recorded", "padding"), [("cpu", 1024), ("cuda", None)])
+def test_the_device_the_runs_trace_records_decides_the_cohorts(
+    tmp_path: Path, recorded: str, padding: int | None
+) -> None:
+    # `device: auto` resolves where the run ran, which need not be the calibrating machine:
+    # the trace's header says where the engine decoded, and that is what is modelled
+    from stalebound.obs.trace import TRACE_FILE, TraceHeader, TraceRecorder
+
+    (tmp_path / "config.yaml").write_text(
+        "rollout: {staleness_policy: capacity, staleness: 1, consumer_batch_size: 1,"
+        " group_size: 2}\nengine: {kind: local, device: auto, replicas: 1, max_batch_size: 8}\n"
+        "run: {steps: 3}\n"
+    )
+    header = TraceHeader(source="runtime", group_size=2, meta={"engine_device": recorded})
+    TraceRecorder(tmp_path / TRACE_FILE, header).close()
+    assert read_run_info(tmp_path).cohort_padding == padding
+
+
 def test_a_contention_beyond_the_cap_is_capped_and_says_so(tmp_path: Path) -> None:
     # the engines generate over [0, 6] s (the trace of _broken_run); step 2 trains 5 s inside
     # it, steps 3 and 4 train 0.5 and 0.4 s outside: 0.91 s more per second of overlap

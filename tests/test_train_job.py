@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from stalebound.cli import main
 from stalebound.config import load_config
+from stalebound.engines.devices import resolve_device
 
 pytestmark = pytest.mark.slow
 
@@ -134,7 +136,11 @@ def test_the_run_trace_replays_under_other_policies(
 ) -> None:
     trace = run / "trace.jsonl"
     lines = trace.read_text().splitlines()
-    assert json.loads(lines[0])["source"] == "runtime"
+    header = json.loads(lines[0])
+    assert header["source"] == "runtime"
+    # where the embedded engine decoded: the recipe's `engine.device`, resolved on this machine
+    recipe = yaml.safe_load((run / "config.yaml").read_text())
+    assert header["meta"]["engine_device"] == resolve_device(recipe["engine"]["device"])
     assert len(lines) > 40 * 32 * 8  # every episode of the run, and the header
     capsys.readouterr()
     code = main(

@@ -42,7 +42,13 @@ from stalebound.core.errors import ConfigError, ProtocolError
 from stalebound.engines.cohorts import COHORT_PADDING_SLOTS
 from stalebound.engines.devices import resolve_device
 from stalebound.obs.records import METRICS_FILE, STALENESS_FILE, StalenessHistogram, read_jsonl
-from stalebound.obs.trace import TRACE_FILE, TrajectoryRecord, read_run_trace
+from stalebound.obs.trace import (
+    TRACE_FILE,
+    TrajectoryRecord,
+    read_run_trace,
+    read_trace,
+    run_traces,
+)
 from stalebound.runtime.config import AREAL_STALENESS_NAME
 from stalebound.sim.cohorts import Cohort, Cohorts
 from stalebound.sim.config import (
@@ -107,8 +113,10 @@ class RunInfo:
     max_in_flight: int | None
     max_concurrent_groups: int | None
     cohort_padding: int | None = None
-    """The embedded engine's cohort merge budget when it ran on a CPU (``engine.kind: local``,
-    ``engine.device`` ``cpu``, or ``auto`` on a machine without a GPU); ``None``: one batch."""
+    """The embedded engine's cohort merge budget when it ran on a CPU (``engine.kind: local`` and
+    the device its trace's header records; a run written before headers recorded it:
+    ``engine.device`` ``cpu``, or ``auto`` resolved on the calibrating machine); ``None``: one
+    batch."""
 
 
 @dataclass(frozen=True)
@@ -227,6 +235,17 @@ def deadline_spec(deadline: dict[str, Any], hard: int) -> tuple[str, int, int]:
     )
 
 
+def _engine_device(run_dir: Path, engine: Mapping[str, Any]) -> str:
+    """Where the run's embedded engine decoded: as its first trace's header records it, else
+    (a run written before traces recorded it) ``engine.device`` resolved on this machine."""
+    traces = run_traces(run_dir)
+    if traces:
+        recorded = read_trace(traces[0][1])[0].meta.get("engine_device")
+        if isinstance(recorded, str):
+            return recorded
+    return resolve_device(str(engine.get("device", "auto")))
+
+
 def read_run_info(run_dir: str | Path) -> RunInfo:
     """The policy, η, batch and engines of the run in ``run_dir`` (its ``config.yaml``)."""
     path = _need_file(Path(run_dir), "config.yaml")
@@ -255,7 +274,7 @@ def read_run_info(run_dir: str | Path) -> RunInfo:
             max_in_flight=engine.get("max_in_flight_per_engine"),
             max_concurrent_groups=rollout.get("max_concurrent_rollouts"),
             cohort_padding=COHORT_PADDING_SLOTS
-            if local and resolve_device(str(engine.get("device", "auto"))) == "cpu"
+            if local and _engine_device(Path(run_dir), engine) == "cpu"
             else None,
         )
     except ConfigError:

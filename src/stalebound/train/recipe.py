@@ -298,7 +298,9 @@ class TrainRecipe:
         sampling = SamplingParams(temperature=cfg.engine.temperature, top_p=cfg.engine.top_p)
         recorder = None
         if cfg.run.trace:
-            meta = {"task": cfg.task.name, "staleness": cfg.rollout.staleness}
+            meta: dict[str, Any] = {"task": cfg.task.name, "staleness": cfg.rollout.staleness}
+            if cfg.engine.kind == "local":  # where it decoded (calibration models a CPU's cohorts)
+                meta["engine_device"] = resolve_device(cfg.engine.device)
             header = TraceHeader(source="runtime", group_size=cfg.rollout.group_size, meta=meta)
             name = TRACE_FILE if resume is None else resumed_trace_name(resume.step)
             recorder = TraceRecorder(run_dir / name, header)
