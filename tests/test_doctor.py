@@ -284,7 +284,8 @@ def test_a_hog_on_the_trainer_core_is_named_the_largest_cause(
     d = diagnose(run)
     assert d.largest == "CPU contention", d.trainer
     ran = sum(float(r["step_cpu_s"]) for r in load_run(run).steps)
-    assert d.trainer["CPU contention"] > 1.5 * ran  # two hogs: twice its running time, or more
+    # two hogs: twice its running time, or more
+    assert d.trainer["CPU contention"] > 1.5 * ran, (ran, d.trainer)
     assert_sums_hold(d)
 
 
