@@ -9,15 +9,16 @@ deadline policy at η_h = 2 and 4, and `capacity` at η = 2. It prints each run'
 measured trajectories/s (over the steps after the first 10 %, as calibration measures), the
 error, and each run's speed against the fastest hand-picked row (a recommendation that is one of
 those rows is trained once and stands for both, so its ratio compares settings, not two runs of
-one setting). With `--invocations 3` it
-repeats all of it and prints the medians with their ranges. Absolute figures depend on the
-machine's load; the ratios are taken within each invocation.
+one setting). With `--invocations 3` it repeats all of it and prints the medians with their
+ranges. Absolute figures depend on the machine's load; the ratios are taken within each
+invocation.
 
     .venv/bin/python bench/recommend_check.py [--invocations 3] [--steps 60] [--max-staleness X]
                                               [--start KEY=VALUE ...] [--keep DIR]
 
 ``--keep DIR`` keeps each invocation's run directories under ``DIR/<invocation>/`` (``start``,
-``recommended``, ``hand-picked-<i>`` for the rows the recommendation is not), so they can be calibrated and compared again later.
+``recommended``, ``hand-picked-<i>`` for the rows the recommendation is not), so they can be
+calibrated and compared again later.
 """
 
 from __future__ import annotations

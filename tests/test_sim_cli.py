@@ -9,7 +9,13 @@ import pytest
 
 from stalebound.cli import main
 from stalebound.core import ConfigError
-from stalebound.obs.trace import TraceHeader, TraceRecorder, TrajectoryRecord, read_trace
+from stalebound.obs.trace import (
+    TraceHeader,
+    TraceRecorder,
+    TrajectoryRecord,
+    read_trace,
+    read_trace_header,
+)
 from stalebound.sim.cli import run_simulations
 from stalebound.sim.replay import ReplaySource
 
@@ -186,13 +192,19 @@ def test_replay_uses_the_recorded_lengths(tmp_path: Path) -> None:
 def test_bad_traces_name_the_line(tmp_path: Path) -> None:
     trace = tmp_path / "bad.jsonl"
     trace.write_text('{"type": "trajectory"}\n')
-    with pytest.raises(ConfigError, match="line 1: the first line must be a header"):
-        read_trace(trace)
+    for read in (read_trace, read_trace_header):
+        with pytest.raises(ConfigError, match="line 1: the first line must be a header"):
+            read(trace)
     trace.write_text(
-        '{"type": "header", "format": "stalebound-trace", "version": 1}\n{"type": "trajectory"}\n'
+        '{"type": "header", "format": "stalebound-trace", "version": 1, "meta": {"k": 1}}\n'
+        '{"type": "trajectory"}\n'
     )
     with pytest.raises(ConfigError, match="line 2: bad trajectory record"):
         read_trace(trace)
+    assert read_trace_header(trace).meta == {"k": 1}  # the header alone: line 2 is not read
+    trace.write_text("\n")
+    with pytest.raises(ConfigError, match="empty; a trace starts with a header line"):
+        read_trace_header(trace)
 
 
 def test_the_shipped_example_trace_replays() -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "TrajectoryRecord",
     "read_run_trace",
     "read_trace",
+    "read_trace_header",
     "resumed_trace_name",
     "run_traces",
 ]
@@ -201,19 +202,6 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
         )
         _need(isinstance(obj, dict), str(p), number, "each line must be a JSON object")
         if number == 1:
-            _need(
-                obj.get("type") == "header" and obj.get("format") == TRACE_FORMAT,
-                str(p),
-                number,
-                f"the first line must be a header with format {TRACE_FORMAT!r}; "
-                "is this a stalebound trace?",
-            )
-            _need(
-                obj.get("version") == TRACE_VERSION,
-                str(p),
-                number,
-                f"version={obj.get('version')!r}: this stalebound reads version {TRACE_VERSION}",
-            )
             header = _header(obj, str(p))
             continue
         if obj.get("type") != "trajectory":
@@ -275,8 +263,38 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
     return header, records
 
 
+def read_trace_header(path: str | Path) -> TraceHeader:
+    """A trace's header alone: its first line, checked as :func:`read_trace` checks it."""
+    p = Path(path)
+    lines = read_lines(
+        p, label("replay", path), fix="give a trace file (stalebound-trace JSON Lines)"
+    )
+    for line in _nonblank(text for _, text, _ in lines):
+        obj = json_line(
+            line,
+            f"trace {p} line 1",
+            fix="give a trace written by stalebound train or stalebound simulate --record",
+        )
+        _need(isinstance(obj, dict), str(p), 1, "each line must be a JSON object")
+        return _header(obj, str(p))
+    raise ConfigError(f"trace {p}: empty; a trace starts with a header line")
+
+
 def _header(obj: Mapping[str, Any], path: str) -> TraceHeader:
-    """The header line's fields, each checked (a trace is input: its header may be anything)."""
+    """The header line, each field checked (a trace is input: its header may be anything)."""
+    _need(
+        obj.get("type") == "header" and obj.get("format") == TRACE_FORMAT,
+        path,
+        1,
+        f"the first line must be a header with format {TRACE_FORMAT!r}; "
+        "is this a stalebound trace?",
+    )
+    _need(
+        obj.get("version") == TRACE_VERSION,
+        path,
+        1,
+        f"version={obj.get('version')!r}: this stalebound reads version {TRACE_VERSION}",
+    )
     source, group_size = obj.get("source", "runtime"), obj.get("group_size")
     meta, created = obj.get("meta") or {}, obj.get("created", "")
     _need(isinstance(source, str), path, 1, f"source={source!r}: must be a string")

@@ -46,7 +46,7 @@ from stalebound.obs.trace import (
     TRACE_FILE,
     TrajectoryRecord,
     read_run_trace,
-    read_trace,
+    read_trace_header,
     run_traces,
 )
 from stalebound.runtime.config import AREAL_STALENESS_NAME
@@ -240,7 +240,7 @@ def _engine_device(run_dir: Path, engine: Mapping[str, Any]) -> str:
     (a run written before traces recorded it) ``engine.device`` resolved on this machine."""
     traces = run_traces(run_dir)
     if traces:
-        recorded = read_trace(traces[0][1])[0].meta.get("engine_device")
+        recorded = read_trace_header(traces[0][1]).meta.get("engine_device")
         if isinstance(recorded, str):
             return recorded
     return resolve_device(str(engine.get("device", "auto")))
