@@ -186,14 +186,13 @@ def _need(ok: bool, path: str, line: int, what: str) -> None:
         raise ConfigError(f"trace {path} line {line}: {what}")
 
 
-def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
-    """Parse a trace file; a malformed one raises :class:`ConfigError` naming the line."""
+def _objects(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(number, object)`` for each non-blank line of the trace at ``path``, streamed; a line
+    that is not a JSON object is a :class:`ConfigError` naming it."""
     p = Path(path)
     lines = read_lines(
         p, label("replay", path), fix="give a trace file (stalebound-trace JSON Lines)"
     )
-    records: list[TrajectoryRecord] = []
-    header: TraceHeader | None = None
     for number, line in enumerate(_nonblank(text for _, text, _ in lines), 1):
         obj = json_line(
             line,
@@ -201,6 +200,15 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
             fix="give a trace written by stalebound train or stalebound simulate --record",
         )
         _need(isinstance(obj, dict), str(p), number, "each line must be a JSON object")
+        yield number, obj
+
+
+def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
+    """Parse a trace file; a malformed one raises :class:`ConfigError` naming the line."""
+    p = Path(path)
+    records: list[TrajectoryRecord] = []
+    header: TraceHeader | None = None
+    for number, obj in _objects(path):
         if number == 1:
             header = _header(obj, str(p))
             continue
@@ -266,16 +274,7 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TrajectoryRecord]]:
 def read_trace_header(path: str | Path) -> TraceHeader:
     """A trace's header alone: its first line, checked as :func:`read_trace` checks it."""
     p = Path(path)
-    lines = read_lines(
-        p, label("replay", path), fix="give a trace file (stalebound-trace JSON Lines)"
-    )
-    for line in _nonblank(text for _, text, _ in lines):
-        obj = json_line(
-            line,
-            f"trace {p} line 1",
-            fix="give a trace written by stalebound train or stalebound simulate --record",
-        )
-        _need(isinstance(obj, dict), str(p), 1, "each line must be a JSON object")
+    for _, obj in _objects(path):
         return _header(obj, str(p))
     raise ConfigError(f"trace {p}: empty; a trace starts with a header line")
 
