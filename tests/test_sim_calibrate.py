@@ -302,6 +302,24 @@ def test_the_device_the_runs_trace_records_decides_the_cohorts(
     assert read_run_info(tmp_path).cohort_padding == padding
 
 
+def test_a_recorded_device_that_is_no_name_is_an_error_naming_it(tmp_path: Path) -> None:
+    from stalebound.obs.trace import TRACE_FILE, TraceHeader, TraceRecorder
+
+    (tmp_path / "config.yaml").write_text(
+        "rollout: {staleness_policy: capacity, staleness: 1, consumer_batch_size: 1,"
+        " group_size: 2}\nengine: {kind: local, device: auto, replicas: 1, max_batch_size: 8}\n"
+        "run: {steps: 3}\n"
+    )
+    header = TraceHeader(source="runtime", group_size=2, meta={"engine_device": 0})
+    TraceRecorder(tmp_path / TRACE_FILE, header).close()
+    with pytest.raises(ConfigError) as err:
+        read_run_info(tmp_path)
+    assert str(err.value) == (
+        f"calibrate: {tmp_path / TRACE_FILE} header meta.engine_device=0: must be a device name "
+        "such as 'cpu' or 'cuda'; fix the header or remove the key"
+    )
+
+
 def test_a_contention_beyond_the_cap_is_capped_and_says_so(tmp_path: Path) -> None:
     # the engines generate over [0, 6] s (the trace of _broken_run); step 2 trains 5 s inside
     # it, steps 3 and 4 train 0.5 and 0.4 s outside: 0.91 s more per second of overlap

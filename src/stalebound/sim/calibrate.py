@@ -240,8 +240,14 @@ def _engine_device(run_dir: Path, engine: Mapping[str, Any]) -> str:
     (a run written before traces recorded it) ``engine.device`` resolved on this machine."""
     traces = run_traces(run_dir)
     if traces:
-        recorded = read_trace_header(traces[0][1]).meta.get("engine_device")
-        if isinstance(recorded, str):
+        path = traces[0][1]
+        recorded = read_trace_header(path).meta.get("engine_device")
+        if recorded is not None:
+            if not isinstance(recorded, str):
+                raise ConfigError(
+                    f"calibrate: {path} header meta.engine_device={recorded!r}: must be a device "
+                    "name such as 'cpu' or 'cuda'; fix the header or remove the key"
+                )
             return recorded
     return resolve_device(str(engine.get("device", "auto")))
 
