@@ -1,8 +1,8 @@
 """Record the run the calibration tests calibrate: tests/data/calibration-run/.
 
 It trains the embedded default for 20 steps (the settings below) and keeps what calibration
-reads: config.yaml, trace.jsonl, staleness.jsonl, and metrics.jsonl with only the fields
-calibration and its measurement read. The tests then fit and predict from these files, so their
+reads: config.yaml, trace.jsonl, staleness.jsonl, the engine's step log (engine-steps/), and
+metrics.jsonl with only the fields calibration and its measurement read. The tests then fit and predict from these files, so their
 result does not depend on the load of the machine they run on. Re-record after a change to what a
 run writes or to what calibration reads:
 
@@ -85,6 +85,7 @@ def record() -> int:
             shutil.copy(run / name, TARGET / name)
         _trimmed(run / "metrics.jsonl", TARGET / "metrics.jsonl", lambda r: _keep(r, METRICS))
         _trimmed(run / "trace.jsonl", TARGET / "trace.jsonl", _episode)
+        shutil.copytree(run / "engine-steps", TARGET / "engine-steps")
     print(f"recorded {TARGET}")
     return 0
 

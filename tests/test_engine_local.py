@@ -471,6 +471,21 @@ def test_closed_engine_fails_pending_and_new_calls(
     assert engine.closed
 
 
+def _count_decode_passes(model: Any) -> list[tuple[int, int]]:
+    """The (rows, cache width) of every decode pass ``model`` runs from now on."""
+    passes: list[tuple[int, int]] = []
+    forward = model.forward
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        cache = kwargs.get(cache_keyword(model))
+        if cache is not None and kwargs["input_ids"].shape[1] == 1:
+            passes.append((kwargs["input_ids"].shape[0], cache.get_seq_length() + 1))
+        return forward(*args, **kwargs)
+
+    model.forward = counted
+    return passes
+
+
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 def test_a_long_straggler_decodes_apart_from_the_short_rows(model_dir: Path) -> None:
     """The worker in this process: one request with a long context beside 16 short ones. The
@@ -481,16 +496,7 @@ def test_a_long_straggler_decodes_apart_from_the_short_rows(model_dir: Path) -> 
     from stalebound.engines.cohorts import COHORT_PADDING_SLOTS
 
     model = load_model(model_dir)
-    passes: list[tuple[int, int]] = []  # (rows, cache width) of every decode pass
-    forward = model.forward
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        cache = kwargs.get(cache_keyword(model))
-        if cache is not None and kwargs["input_ids"].shape[1] == 1:
-            passes.append((kwargs["input_ids"].shape[0], cache.get_seq_length() + 1))
-        return forward(*args, **kwargs)
-
-    model.forward = counted
+    passes = _count_decode_passes(model)
     long_prompt = tuple(5 + i % 50 for i in range(200))
     requests = [
         GenerateRequest("long", long_prompt, SamplingParams(max_new_tokens=40, ignore_eos=True)),
@@ -532,3 +538,33 @@ def test_a_long_straggler_decodes_apart_from_the_short_rows(model_dir: Path) -> 
         assert together[r.request_id].output_logprobs == pytest.approx(
             alone[r.request_id].output_logprobs, abs=1e-4
         )
+
+
+def test_the_worker_logs_what_its_steps_attend(model_dir: Path, tmp_path: Path) -> None:
+    """With a step log, the worker's windows add up to the forward passes it ran: the passes,
+    the rows and the cache positions of every decode pass, and each request admitted once."""
+    from stalebound.engines._worker import Worker
+    from stalebound.engines.steplog import StepLog, read_step_logs
+
+    model = load_model(model_dir)
+    passes = _count_decode_passes(model)
+    log = StepLog(tmp_path / "steps" / "w.jsonl", window=0.0)  # a line per step
+    worker = Worker(model, version=0, max_batch_size=8, interrupt_mode="continue", step_log=log)
+    for i in range(12):  # more than a batch: 4 wait for room
+        prompt = tuple(5 + (i + j) % 50 for j in range(3 + i % 5))
+        sampling = SamplingParams(max_new_tokens=4 + 3 * i, ignore_eos=True)
+        worker.submit(Continuation(GenerateRequest(f"r{i}", prompt, sampling)), seed=1)
+    steps = 0
+    while worker.has_work():
+        worker.step()
+        steps += 1
+    log.close()
+    windows = read_step_logs(tmp_path / "steps")["w"]
+    total = {k: sum(w[k] for w in windows) for k in windows[0]}
+    assert total["admitted"] == 12
+    assert total["steps"] == steps
+    assert total["passes"] == len(passes)
+    assert total["rows"] == sum(rows for rows, _ in passes)
+    assert total["slots"] == sum(rows * width for rows, width in passes)
+    assert 0 < total["context_slots"] < total["slots"]
+    assert total["decode_s"] > 0 and total["admit_s"] > 0

@@ -439,3 +439,48 @@ def test_the_contention_is_read_from_the_training_threads_cpu_seconds(tmp_path: 
     cal = calibrate(_broken_run(tmp_path, metrics, staleness))
     fits = {f.key: f.value for f in cal.fits}
     assert fits["trainer.contention"] == pytest.approx(1.0)  # 0.5 / (1 − 0.5)
+
+
+def test_the_engine_fit_takes_the_costs_the_engine_logged() -> None:
+    # windows of an engine whose decode step costs 1.2 ms a pass, 0.08 ms a row and 1.5 µs a
+    # cache position, a fifth of the positions being prompts: the fit finds the three costs and
+    # moves the prompts' share into the row's; admission takes the seconds admitting and on the
+    # pipe, and the trace's busy time the logs leave out (2 s − 1.5 s logged), per request
+    from stalebound.sim.calibrate import _fit_logged_engine
+
+    windows = []
+    for passes, rows, slots in ((10, 100, 4000), (30, 900, 90000), (12, 1200, 30000), (5, 5, 900)):
+        decode = 1.2e-3 * passes + 8e-5 * rows + 1.5e-6 * slots
+        windows.append(
+            {
+                "steps": 5.0,
+                "decode_s": decode,
+                "passes": float(passes),
+                "rows": float(rows),
+                "slots": float(slots),
+                "context_slots": 0.8 * slots,
+                "admitted": 10.0,
+                "admit_s": 0.004,
+                "pipe_s": 0.001,
+            }
+        )
+    logged = sum(w["decode_s"] + w["admit_s"] + w["pipe_s"] for w in windows)
+    busy = logged + 0.5
+    records = [TrajectoryRecord("p", "g", 0, 1.0, 1.0 + busy, 7)]
+    prefill, base, per_seq, per_ctx, error = _fit_logged_engine(windows, records, 1)
+    assert base == pytest.approx(1.2e-3)
+    assert per_ctx == pytest.approx(1.5e-6)
+    prompt = 0.2 * sum(w["slots"] for w in windows) / sum(w["rows"] for w in windows)
+    assert per_seq == pytest.approx(8e-5 + 1.5e-6 * prompt)
+    assert prefill == pytest.approx((0.02 + 0.5) / 40)
+    assert error.startswith("over 4 windows of the engines' step logs: RMS relative residual 0%")
+    assert f"account for {logged / busy:.0%} of the trace's busy time" in error
+
+
+def test_a_run_whose_engine_logged_its_steps_is_fitted_from_the_log(run: Path) -> None:
+    from stalebound.engines.steplog import STEP_LOG_DIR
+
+    assert (run / STEP_LOG_DIR / "local0.jsonl").is_file()
+    cal = calibrate(run)
+    fit = next(f for f in cal.fits if f.key == "engine.step_base")
+    assert "windows of the engines' step logs" in fit.error

@@ -154,3 +154,21 @@ def test_with_cohorts_a_step_pays_its_fixed_cost_once_per_cohort(
     r.advance(t_young)
     assert [s.owner for s in r.pop_finished()] == ["young", "young"]
     assert r.next_finish(t_young) == pytest.approx(t_young + 15 * 0.011)
+
+
+def test_with_cohorts_each_cohort_attends_its_own_width() -> None:
+    # step = 0.01 × cohorts + 0.001 × (cache positions attended), the positions growing by one
+    # per row and step (continuously: n steps of one row attend n²/2). One sequence decodes 10
+    # steps alone (10 × 0.01 + 0.001 × 50 = 0.15 s), then 2 join in a cohort of their own (a
+    # budget of 19 keeps them apart): over the next 5 steps the old row attends 10 + x positions
+    # and each young one x (50 + 3 × 12.5 in all), not 3 × (10 + x) as in one padded batch
+    r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.0, per_ctx=0.001, cohort_padding=19)
+    r.advance(0.0)
+    r.join("old", 30)
+    assert r.next_finish(0.0) == pytest.approx(30 * 0.01 + 0.001 * 30 * 30 / 2)
+    t = 10 * 0.01 + 0.001 * 50
+    r.advance(t)
+    assert r.progress == pytest.approx(10.0)
+    r.join("young", 5)
+    r.join("young", 5)
+    assert r.next_finish(t) == pytest.approx(t + 5 * 0.02 + 0.001 * (50 + 3 * 12.5))

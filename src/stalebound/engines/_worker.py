@@ -43,6 +43,7 @@ from transformers import DynamicCache
 from stalebound.engines.cohorts import COHORT_PADDING_SLOTS, next_merge
 from stalebound.engines.models import cache_keyword, id_tuple, load_model
 from stalebound.engines.protocol import Continuation, FinishReason, GenerateResponse
+from stalebound.engines.steplog import StepLog
 
 _log = logging.getLogger(__name__)
 
@@ -158,6 +159,11 @@ class _Cohort:
         """Rows and width, as :mod:`stalebound.engines.cohorts` takes a cohort."""
         return len(self.seqs), self.width
 
+    def cost(self) -> tuple[int, int, int]:
+        """What its next decode pass attends, as :class:`StepLog` takes it: rows, cache width
+        (with the token the pass adds) and the tokens its longest answer has generated."""
+        return len(self.seqs), self.width + 1, max(len(s.out_ids) for s in self.seqs)
+
 
 def _merge(a: _Cohort, b: _Cohort) -> _Cohort:
     """One cohort of the rows of ``a`` then ``b``, the shorter cache left-padded."""
@@ -177,9 +183,18 @@ class Worker:
     """The batching state machine around one model (used only inside the worker process)."""
 
     def __init__(
-        self, model: Any, *, version: int, max_batch_size: int, interrupt_mode: str
+        self,
+        model: Any,
+        *,
+        version: int,
+        max_batch_size: int,
+        interrupt_mode: str,
+        step_log: StepLog | None = None,
     ) -> None:
         self.model = model
+        self.step_log = step_log
+        self.installing_s = 0.0
+        """Seconds spent installing new weights so far."""
         self._cache_argument = cache_keyword(model)
         self.version = version
         self.max_batch_size = max_batch_size
@@ -258,6 +273,13 @@ class Worker:
 
     def update_weights(self, payload: Any, version: int, mode: str) -> None:
         """Install new weights between two decode steps; state is unchanged if this raises."""
+        started = time.perf_counter()
+        try:
+            self._install(payload, version, mode)
+        finally:
+            self.installing_s += time.perf_counter() - started
+
+    def _install(self, payload: Any, version: int, mode: str) -> None:
         if isinstance(payload, tuple):
             state = _unpack_state_dict(*payload)
         elif isinstance(payload, dict):  # CUDA tensors shared by the trainer on this device
@@ -299,12 +321,21 @@ class Worker:
         """Admit waiting requests (prefill), then decode one token for every running request."""
         if self.paused:
             return
-        self._admit()
+        started = time.perf_counter()
+        admitted = self._admit()
+        admitting = time.perf_counter() - started
         self._consolidate()
+        log = self.step_log
+        costs = [c.cost() for c in self.cohorts] if log is not None else []
         for cohort in list(self.cohorts):
             self._decode(cohort)
+        if log is not None:
+            log.admitted(admitted, admitting)
+            if costs:
+                log.decoded(costs, time.perf_counter() - started - admitting)
 
-    def _admit(self) -> None:
+    def _admit(self) -> int:
+        """Prefill the waiting requests the batch has room for; returns how many."""
         admitted: list[_Sequence] = []
         running = sum(len(c.seqs) for c in self.cohorts)
         while self.waiting and running + len(admitted) < self.max_batch_size:
@@ -327,6 +358,7 @@ class Worker:
                 rows = [group[i] for i in keep]
                 mask = torch.ones((len(rows), length), dtype=torch.bool, device=self.device)
                 self.cohorts.append(_Cohort(rows, _select(kv, keep, len(group)), mask))
+        return len(admitted)
 
     def _consolidate(self) -> None:
         """Merge cohorts of like cache length (after requests joined or left): while two
@@ -505,9 +537,11 @@ def worker_main(
     num_threads: int,
     device: str = "cpu",
     dtype: str = "float32",
+    step_log: str | None = None,
 ) -> None:
     """Entry point of the worker process: load the model (on ``device``, in ``dtype``), then serve
-    the pipe until shutdown."""
+    the pipe until shutdown; with ``step_log``, append what the steps cost to that file
+    (:mod:`stalebound.engines.steplog`)."""
     leave_the_terminal()
     torch.set_num_threads(num_threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -517,7 +551,11 @@ def worker_main(
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         model = load_model(model_path, device=device, dtype=dtype)
         worker = Worker(
-            model, version=version, max_batch_size=max_batch_size, interrupt_mode=interrupt_mode
+            model,
+            version=version,
+            max_batch_size=max_batch_size,
+            interrupt_mode=interrupt_mode,
+            step_log=None if step_log is None else StepLog(step_log),
         )
         conn.send(
             (
@@ -531,7 +569,11 @@ def worker_main(
                 },
             )
         )
-        _serve(conn, worker)
+        try:
+            _serve(conn, worker)
+        finally:
+            if worker.step_log is not None:
+                worker.step_log.close()
         conn.close()
         # A clean shutdown: nothing to flush, and skipping interpreter teardown of torch and
         # transformers makes close() return in milliseconds instead of seconds.
@@ -551,14 +593,22 @@ def _serve(conn: Connection, worker: Worker) -> None:
             conn.poll(None)
         if conn.poll():
             started = time.perf_counter()  # after any idle wait: only the transfer counts
+            installing = worker.installing_s
             message = conn.recv()
-            if not _handle(conn, worker, message, started):
+            going_on = _handle(conn, worker, message, started)
+            if worker.step_log is not None:  # the pipe's share: all but installing weights
+                pipe = time.perf_counter() - started - (worker.installing_s - installing)
+                worker.step_log.piped(pipe)
+            if not going_on:
                 return
             continue
         worker.step()
         finished = worker.take_finished()
         if finished:  # one message for all that finished in this step
+            started = time.perf_counter()
             conn.send(("done_many", finished))
+            if worker.step_log is not None:
+                worker.step_log.piped(time.perf_counter() - started)
 
 
 def _handle(conn: Connection, worker: Worker, message: tuple[Any, ...], started: float) -> bool:

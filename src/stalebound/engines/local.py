@@ -199,7 +199,9 @@ class LocalEngine:
     Construction starts the worker and returns at once; calls wait until the model is loaded (or
     call :meth:`wait_ready`). ``version`` is the version of the weights in the checkpoint. ``seed``
     seeds requests that bring none. Close with :meth:`close` (or use ``with`` / ``async with``);
-    afterwards every call raises :class:`EngineClosedError`, as do pending calls.
+    afterwards every call raises :class:`EngineClosedError`, as do pending calls. With
+    ``step_log`` the worker appends what its decode steps cost to that file
+    (:mod:`stalebound.engines.steplog`; calibration reads it).
     """
 
     def __init__(
@@ -214,6 +216,7 @@ class LocalEngine:
         name: str = "local",
         device: str = "cpu",
         dtype: str = "float32",
+        step_log: str | os.PathLike[str] | None = None,
     ) -> None:
         problems = device_problems("engine", device, dtype)
         if not (Path(model_path) / "config.json").is_file():
@@ -257,6 +260,7 @@ class LocalEngine:
                 num_threads,
                 resolve_device(device),
                 dtype,
+                None if step_log is None else str(step_log),
             ),
             name=f"stalebound-engine-{name}",
             daemon=True,

@@ -7,10 +7,13 @@
 
 * **lengths**, **tool latency**, **reward latency**: the recorded values, as empirical
   distributions (files of values next to the workload file);
-* **the engine**: each busy period of the engine (episodes generating back to back) lasts
-  ``prefill × joins + step_base × decode steps + step_per_seq × tokens`` — the replica model's
-  cost, summed — fitted by non-negative least squares of the residuals relative to each period's
-  length, then scaled so the periods add up to the measured busy time;
+* **the engine**: from what its decode steps cost as the embedded engine timed them
+  (``engine-steps/``, :mod:`stalebound.engines.steplog`): the cost of a forward pass, of a row and
+  of a cache position, and each request's admission (:func:`_fit_logged_engine`). A run without
+  step logs (older runs, servers, Ray's engines): each time bin of the trace lasts ``prefill ×
+  joins + step_base × decode steps + step_per_seq × tokens + …`` — the replica model's cost,
+  summed — fitted by non-negative least squares of the residuals relative to each bin's length,
+  then scaled so the bins add up to the measured busy time (:func:`_fit_engine`);
 * **the trainer**: each step's training time against its trained tokens and the seconds of it
   during which the engines generated (``step_time``, ``per_token``, ``contention``), the
   bookkeeping added to ``step_time``; the publication against the episodes that started during it
@@ -41,6 +44,7 @@ from stalebound.core.deadline import deadline_bounds
 from stalebound.core.errors import ConfigError, ProtocolError
 from stalebound.engines.cohorts import COHORT_PADDING_SLOTS
 from stalebound.engines.devices import resolve_device
+from stalebound.engines.steplog import STEP_LOG_DIR, read_step_logs
 from stalebound.obs.records import METRICS_FILE, STALENESS_FILE, StalenessHistogram, read_jsonl
 from stalebound.obs.trace import (
     TRACE_FILE,
@@ -538,6 +542,53 @@ def _fit_engine(
     return prefill, max(step_base, 1e-6), per_seq, per_ctx, error
 
 
+def _fit_logged_engine(
+    windows: Sequence[Mapping[str, float]], records: Sequence[TrajectoryRecord], replicas: int
+) -> tuple[float, float, float, float, str]:
+    """``engine.prefill``, ``step_base``, ``step_per_seq``, ``step_per_ctx`` and the fit's error,
+    from the windows the engines' step logs hold (:mod:`stalebound.engines.steplog`).
+
+    A window's decode seconds are ``step_base × passes + row × rows + slot × slots`` (a forward
+    pass's fixed cost, each row's, each cache position's): their proportions by non-negative least
+    squares of each window's residual relative to its seconds, their level so that the windows
+    add up to the decode seconds logged. The simulator counts only the positions
+    a cohort's answers take (``context_slots``); the rest — prompts and their padding, about the
+    same for every row — joins the row's cost: ``step_per_seq = row + slot × (slots −
+    context_slots) ÷ rows``, and ``step_per_ctx = slot``. ``prefill`` is each admitted request's
+    share of the seconds spent admitting and on the pipe, plus its share of the trace's busy time
+    the logs do not account for: the engine waiting for requests still on their way to it (a
+    burst's requests reach it one after another)."""
+    decoding = [w for w in windows if w["decode_s"] > 0]
+    if len(decoding) < 4:
+        raise ConfigError(
+            f"calibrate: the engines' step logs hold {len(decoding)} windows of decoding; "
+            "record a run of a few steps at least"
+        )
+    columns = [[w[k] / w["decode_s"] for w in decoding] for k in ("passes", "rows", "slots")]
+    coef, rms = _lstsq_nonneg(columns, [1.0] * len(decoding))
+    total = {k: sum(w[k] for w in windows) for k in windows[0]}
+    # relative residuals weigh every window alike; the level makes the windows add up
+    fitted = sum(c * total[k] for c, k in zip(coef, ("passes", "rows", "slots"), strict=True))
+    step_base, per_row, per_slot = (c * total["decode_s"] / fitted for c in coef)
+    per_seq = per_row + per_slot * (total["slots"] - total["context_slots"]) / max(
+        total["rows"], 1.0
+    )
+    logged = total["decode_s"] + total["admit_s"] + total["pipe_s"]
+    busy = sum(p.end - p.start for p in _busy_periods(records)) * replicas
+    unlogged = max(0.0, busy - logged)
+    joins = max(total["admitted"], 1.0)
+    prefill = (total["admit_s"] + total["pipe_s"] + unlogged) / joins
+    error = (
+        f"over {len(decoding)} windows of the engines' step logs: RMS relative residual "
+        f"{rms:.0%}; the logs account for {logged / busy:.0%} of the trace's busy time, the rest "
+        f"({unlogged / joins * 1e3:.3g} ms per admitted request) counted as admission"
+        if busy > 0
+        else f"over {len(decoding)} windows of the engines' step logs: RMS relative residual "
+        f"{rms:.0%}"
+    )
+    return prefill, max(step_base, 1e-6), per_seq, per_slot, error
+
+
 def _fit_publish(
     rows: Sequence[Mapping[str, float]],
     publish: Sequence[float],
@@ -613,9 +664,16 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
         fits.append(Fit("agent.tool_latency", statistics.fmean(tools), "s", _spread(tools, " s")))
     fits.append(Fit("agent.reward_latency", statistics.fmean(rewards), "s", _spread(rewards, " s")))
 
-    prefill, step_base, per_seq, per_ctx, engine_error = _fit_engine(
-        done, info.replicas, info.max_batch or MAX_IN_FLIGHT, info.cohort_padding
-    )
+    logs = read_step_logs(run_dir / STEP_LOG_DIR)
+    windows = [w for log in logs.values() for w in log]
+    if windows and len(logs) == info.replicas:  # each engine timed its steps
+        prefill, step_base, per_seq, per_ctx, engine_error = _fit_logged_engine(
+            windows, [r for r in records if r.tokens > 0], info.replicas
+        )
+    else:
+        prefill, step_base, per_seq, per_ctx, engine_error = _fit_engine(
+            done, info.replicas, info.max_batch or MAX_IN_FLIGHT, info.cohort_padding
+        )
     fits += [
         Fit("engine.prefill", prefill, "s per joining request", engine_error),
         Fit(
@@ -628,7 +686,8 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
         Fit(
             "engine.step_per_ctx",
             per_ctx,
-            "s per active request and token of the longest live context per step",
+            "s per active request and token of context per step"
+            + (" (its cohort's)" if info.cohort_padding is not None else " (the longest live)"),
             engine_error,
         ),
     ]

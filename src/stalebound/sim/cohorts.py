@@ -96,5 +96,10 @@ class Cohorts:
                 cohorts[i : i + 2] = [a]
         return len(self._cohorts)
 
+    def slots(self, progress: float) -> float:
+        """The cache positions one step at ``progress`` attends: each cohort's rows × its width
+        (call :meth:`count` first, which applies the merges)."""
+        return sum(c.rows * (progress - c.first) for c in self._cohorts)
+
     def __len__(self) -> int:
         return len(self._cohorts)

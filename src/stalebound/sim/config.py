@@ -103,8 +103,8 @@ class EngineConfig:
 
     One decode step takes ``step_base × cohorts + step_per_seq × active + step_per_ctx × active ×
     context`` seconds (``context``: the tokens the oldest active sequence has decoded in its
-    segment; ``cohorts``: 1 unless ``cohort_padding`` is set) and advances every active sequence
-    of the replica by one token. A replica holds at most ``max_concurrency`` sequences
+    segment; ``cohorts``: 1 unless ``cohort_padding`` is set, and then each cohort's rows pay for
+    its own oldest context) and advances every active sequence of the replica by one token. A replica holds at most ``max_concurrency`` sequences
     and decodes at most ``max_batch`` of them at once (the rest wait their turn).
     """
 
@@ -118,7 +118,8 @@ class EngineConfig:
     step_per_seq: float = _ge(0.0001, "give the seconds each active sequence adds to a step")
     step_per_ctx: float = _ge(0.0, "give the seconds per active sequence and token of context, 0")
     """Seconds each active sequence adds to a step per token of the batch's longest live context
-    (an engine that pads its batch's KV cache to the longest context, as the embedded one does)."""
+    (an engine that pads its batch's KV cache to the longest context, as the embedded one does;
+    with ``cohort_padding``, of its cohort's longest)."""
     sync_delay: float = _ge(0.0, "give seconds, 0 for none")
     """Seconds between the end of a train step and the engines serving the new version."""
     max_batch: int | None = field(

@@ -26,8 +26,10 @@ Three costs beyond the decode step, each 0 unless a workload sets it (calibratio
 
 With ``cohort_padding`` the replica decodes in cohorts as the embedded engine on a CPU does
 (:mod:`stalebound.sim.cohorts`): each step runs one forward pass per cohort and pays ``step_base``
-once per pass. The cohorts change only when a sequence joins or leaves, so between two events the
-step time stays linear in progress and the closed form holds.
+once per pass, and ``per_ctx`` for each cohort's rows × its own width (the context of its oldest
+row) rather than every row × the oldest context. The cohorts change only when a sequence joins
+or leaves, so between two events the step time stays linear in progress and the closed form
+holds.
 
 A sequence of 0 tokens (a wait modelled as a segment, like a reward) finishes at once, with no
 prefill.
@@ -149,15 +151,18 @@ class Replica:
 
     def _costs(self) -> tuple[float, float]:
         """The current step's seconds and what each further step adds (the context's growth)."""
-        passes = self._cohorts.count(self.progress) if self._cohorts is not None else 1
+        cohorts = self._cohorts
+        passes = cohorts.count(self.progress) if cohorts is not None else 1
         first = self.step_base * passes + self.per_seq * self.active
         if not self.per_ctx:
             return first, 0.0
+        growth = self.per_ctx * self.active
+        if cohorts is not None:  # each cohort attends its own width
+            return first + self.per_ctx * cohorts.slots(self.progress), growth
         oldest = self._oldest
         while oldest and oldest[0][2].cancelled:
             heapq.heappop(oldest)
         context = self.progress - oldest[0][0] if oldest else 0.0
-        growth = self.per_ctx * self.active
         return first + growth * context, growth
 
     def _steps_in(self, seconds: float) -> float:

@@ -42,8 +42,12 @@ class EngineSet:
 class Backend(Protocol):
     """Where the trainer (and local engines) run."""
 
-    def local_engines(self, cfg: StaleboundConfig, model_dir: Path, version: int) -> EngineSet:
-        """``engine.kind: local`` engines serving ``model_dir`` at ``version``."""
+    def local_engines(
+        self, cfg: StaleboundConfig, model_dir: Path, version: int, step_logs: Path | None = None
+    ) -> EngineSet:
+        """``engine.kind: local`` engines serving ``model_dir`` at ``version``; with
+        ``step_logs``, engines this process starts log their steps' costs there, one file each
+        (:mod:`stalebound.engines.steplog`)."""
         ...
 
     def trainer(
@@ -72,7 +76,9 @@ class Backend(Protocol):
 class LocalBackend:
     """The trainer in this process; local engines as worker processes behind a router."""
 
-    def local_engines(self, cfg: StaleboundConfig, model_dir: Path, version: int) -> EngineSet:
+    def local_engines(
+        self, cfg: StaleboundConfig, model_dir: Path, version: int, step_logs: Path | None = None
+    ) -> EngineSet:
         from stalebound.engines.local import LocalEngine
         from stalebound.engines.router import Router
 
@@ -96,6 +102,7 @@ class LocalBackend:
                         name=f"local{i}",
                         device=e.device,
                         dtype=e.dtype,
+                        step_log=None if step_logs is None else step_logs / f"local{i}.jsonl",
                     )
                 )
             for engine in engines:
@@ -152,7 +159,11 @@ class LocalBackend:
 class RayBackend:
     """Engine replicas and trainer ranks as Ray actors (see docs/scale-out.md)."""
 
-    def local_engines(self, cfg: StaleboundConfig, model_dir: Path, version: int) -> EngineSet:
+    def local_engines(
+        self, cfg: StaleboundConfig, model_dir: Path, version: int, step_logs: Path | None = None
+    ) -> EngineSet:
+        """Engine actors where Ray places them: they log no step costs (``step_logs`` is
+        unused; calibration fits their engine from the trace)."""
         from stalebound.distributed import make_ray_engine
 
         router = make_ray_engine(cfg, model_path=str(model_dir), version=version)
@@ -196,12 +207,6 @@ def make_backend(cfg: StaleboundConfig) -> Backend:
     return _BACKENDS[cfg.backend]()
 
 
-def _backend_engines(
-    cfg: StaleboundConfig, backend: Backend, model_dir: Path, version: int
-) -> EngineSet:
-    return backend.local_engines(cfg, model_dir, version)
-
-
 def _http_engines(
     cfg: StaleboundConfig, backend: Backend, model_dir: Path, version: int
 ) -> EngineSet:
@@ -237,8 +242,7 @@ def _http_engines(
     )
 
 
-_ENGINE_KINDS: Mapping[str, Callable[[StaleboundConfig, Backend, Path, int], EngineSet]] = {
-    "local": _backend_engines,
+_SERVER_KINDS: Mapping[str, Callable[[StaleboundConfig, Backend, Path, int], EngineSet]] = {
     "vllm": _http_engines,
     "sglang": _http_engines,
 }
@@ -257,8 +261,15 @@ def check_servers(cfg: StaleboundConfig, on_wait: Callable[[str], None] | None =
 
 
 def make_engines(
-    cfg: StaleboundConfig, backend: Backend, model_dir: Path, version: int
+    cfg: StaleboundConfig,
+    backend: Backend,
+    model_dir: Path,
+    version: int,
+    step_logs: Path | None = None,
 ) -> EngineSet:
-    """The engines ``cfg.engine.kind`` names: the backend's local ones, or HTTP clients (the
-    servers serve ``engine.model_path``; the recipe publishes its weights to them)."""
-    return _ENGINE_KINDS[cfg.engine.kind](cfg, backend, model_dir, version)
+    """The engines ``cfg.engine.kind`` names: the backend's local ones (logging their steps'
+    costs in ``step_logs``, where given), or HTTP clients (the servers serve
+    ``engine.model_path``; the recipe publishes its weights to them)."""
+    if cfg.engine.kind == "local":
+        return backend.local_engines(cfg, model_dir, version, step_logs)
+    return _SERVER_KINDS[cfg.engine.kind](cfg, backend, model_dir, version)

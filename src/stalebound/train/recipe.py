@@ -46,6 +46,7 @@ from stalebound.core.policy import BufferBacked
 from stalebound.engines.devices import resolve_device
 from stalebound.engines.models import load_model, load_tokenizer
 from stalebound.engines.protocol import SamplingParams
+from stalebound.engines.steplog import STEP_LOG_DIR
 from stalebound.obs.audit import ItemLog, OfferedLoader, data_audit
 from stalebound.obs.live import LiveView, phase, summary_table
 from stalebound.obs.loggers import open_loggers
@@ -278,7 +279,8 @@ class TrainRecipe:
 
         # 3-4. engines and the executor
         with phase(console, "starting the engines …"):
-            engines = make_engines(cfg, self.backend, policy_dir, version)
+            steps = run_dir / STEP_LOG_DIR if cfg.run.trace else None  # for calibration
+            engines = make_engines(cfg, self.backend, policy_dir, version, steps)
         self._engines = engines
         self._stopping.append(engines.close)
         self.engine = BusyMeter(engines.engine)

@@ -1,0 +1,156 @@
+"""What the embedded engine's decode steps cost, as its worker measured them: written during a run,
+read by calibration (:mod:`stalebound.sim.calibrate`). Pure and torch-free.
+
+The worker times each step's two parts — admitting the requests that arrived (their prefill) and
+decoding one token for every running request (one forward pass per cohort) — and what it spends
+on the pipe between steps (receiving requests, sending the finished ones back). It adds them up
+over windows of :data:`WINDOW_S` seconds and appends one JSON line per window to its replica's
+file in the run's :data:`STEP_LOG_DIR`; a killed worker loses at most its last window. Each line
+holds the window's sums:
+
+* ``steps``: decode steps; ``decode_s``: their seconds; ``passes``: forward passes (one per
+  cohort per step); ``rows``: requests decoded, summed over the steps; ``slots``: the cache
+  positions attended, rows × the cohort's cache width, summed; ``context_slots``: the part of
+  ``slots`` the cohort's longest answer so far accounts for (rows × its tokens generated), the
+  rest being prompts and padding;
+* ``admitted``: requests admitted; ``admit_s``: the seconds admitting them took;
+* ``pipe_s``: seconds spent receiving and sending on the pipe, the engine decoding nothing;
+* ``t``: the wall-clock time (``time.time()``) the window was written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["FIELDS", "STEP_LOG_DIR", "WINDOW_S", "StepLog", "read_step_logs"]
+
+STEP_LOG_DIR = "engine-steps"
+"""The folder of a run directory that holds each local engine's step log (``<name>.jsonl``)."""
+
+WINDOW_S = 0.25
+"""Seconds of engine time summed into one line."""
+
+FIELDS = (
+    "steps",
+    "decode_s",
+    "passes",
+    "rows",
+    "slots",
+    "context_slots",
+    "admitted",
+    "admit_s",
+    "pipe_s",
+)
+"""The sums each line holds (besides ``t``)."""
+
+
+class StepLog:
+    """The running sums of one window, appended to ``path`` as a line once a window is full."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        window: float = WINDOW_S,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self._window = window
+        self._clock = clock
+        self._since = clock()
+        self._sums = dict.fromkeys(FIELDS, 0.0)
+
+    def admitted(self, requests: int, seconds: float) -> None:
+        """``requests`` were admitted (prefilled) in ``seconds``."""
+        self._sums["admitted"] += requests
+        self._sums["admit_s"] += seconds
+
+    def decoded(self, cohorts: list[tuple[int, int, int]], seconds: float) -> None:
+        """One decode step of ``cohorts`` (each: rows, cache width, tokens its longest answer
+        has generated) took ``seconds``."""
+        s = self._sums
+        s["steps"] += 1
+        s["decode_s"] += seconds
+        s["passes"] += len(cohorts)
+        for rows, width, generated in cohorts:
+            s["rows"] += rows
+            s["slots"] += rows * width
+            s["context_slots"] += rows * generated
+        self._maybe_write()
+
+    def piped(self, seconds: float) -> None:
+        """``seconds`` went to the pipe (receiving requests, sending answers)."""
+        self._sums["pipe_s"] += seconds
+
+    def _maybe_write(self) -> None:
+        if self._clock() - self._since >= self._window:
+            self.write()
+
+    def write(self) -> None:
+        """Append the window's sums (if anything happened in it) and start a new window."""
+        self._since = self._clock()
+        if not any(self._sums.values()):
+            return
+        line = {"t": round(time.time(), 3), **{k: _number(v) for k, v in self._sums.items()}}
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+        self._sums = dict.fromkeys(FIELDS, 0.0)
+
+    def close(self) -> None:
+        """Write what the last window holds and close the file."""
+        if not self._file.closed:
+            self.write()
+            self._file.close()
+
+
+def _number(value: float) -> float | int:
+    return int(value) if value == int(value) else round(value, 9)
+
+
+def read_step_logs(folder: str | os.PathLike[str]) -> dict[str, list[dict[str, float]]]:
+    """The windows of each step log in ``folder`` by engine name (empty if there is none). A line
+    that does not read — the last one of a killed worker, half written — is an error naming it,
+    unless it is the last line of its file (then it is left out)."""
+    from stalebound.core.errors import ConfigError
+
+    logs: dict[str, list[dict[str, float]]] = {}
+    directory = Path(folder)
+    if not directory.is_dir():
+        return logs
+    for path in sorted(directory.glob("*.jsonl")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        windows = []
+        for number, text in enumerate(lines, 1):
+            problem = _problem(text)
+            if isinstance(problem, dict):
+                windows.append(problem)
+            elif number < len(lines):
+                raise ConfigError(
+                    f"{path} line {number}: {problem}; the step log is damaged: remove the file "
+                    "(calibration then fits the engine from the trace alone)"
+                )
+        logs[path.stem] = windows
+    return logs
+
+
+def _problem(text: str) -> dict[str, float] | str:
+    """The window ``text`` holds, or what is wrong with it."""
+    try:
+        data: Any = json.loads(text)
+    except ValueError as exc:
+        return f"not JSON ({exc})"
+    if not isinstance(data, dict):
+        return f"{text[:60]!r} is not a JSON object"
+    window = {}
+    for key in FIELDS:
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            return f"{key}={value!r}: must be a number ≥ 0"
+        window[key] = float(value)
+    return window

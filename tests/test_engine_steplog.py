@@ -1,0 +1,74 @@
+"""The embedded engine's step log: what its worker writes, and how calibration reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stalebound.core.errors import ConfigError
+from stalebound.engines.steplog import FIELDS, StepLog, read_step_logs
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_window_is_written_once_it_is_full_and_the_last_at_close(tmp_path: Path) -> None:
+    clock = Clock()
+    log = StepLog(tmp_path / "steps" / "local0.jsonl", window=1.0, clock=clock)
+    log.admitted(3, 0.002)
+    log.piped(0.001)
+    clock.now = 0.5
+    log.decoded([(2, 10, 4), (1, 30, 25)], 0.004)  # two passes, 3 rows
+    assert not (tmp_path / "steps" / "local0.jsonl").read_text()  # the window is not full
+    clock.now = 1.0
+    log.decoded([(3, 31, 26)], 0.003)
+    clock.now = 1.2
+    log.decoded([(3, 32, 27)], 0.003)
+    log.close()
+    log.close()  # a second close does nothing
+    (first, last) = read_step_logs(tmp_path / "steps")["local0"]
+    assert first == {
+        "steps": 2,
+        "decode_s": 0.007,
+        "passes": 3,
+        "rows": 6,
+        "slots": 2 * 10 + 30 + 3 * 31,
+        "context_slots": 2 * 4 + 25 + 3 * 26,
+        "admitted": 3,
+        "admit_s": 0.002,
+        "pipe_s": 0.001,
+    }
+    assert last["steps"] == 1 and last["slots"] == 96 and last["admitted"] == 0
+
+
+def test_an_empty_window_writes_nothing(tmp_path: Path) -> None:
+    clock = Clock()
+    log = StepLog(tmp_path / "a.jsonl", clock=clock)
+    clock.now = 10.0
+    log.write()
+    log.close()
+    assert (tmp_path / "a.jsonl").read_text() == ""
+    assert read_step_logs(tmp_path) == {"a": []}
+    assert read_step_logs(tmp_path / "absent") == {}
+
+
+def test_a_torn_last_line_is_left_out_and_a_damaged_one_before_it_named(tmp_path: Path) -> None:
+    good = json.dumps({"t": 1.0, **dict.fromkeys(FIELDS, 1)})
+    path = tmp_path / "local0.jsonl"
+    path.write_text(f"{good}\n{good[:20]}")  # a worker killed while writing
+    assert len(read_step_logs(tmp_path)["local0"]) == 1
+    bad = json.dumps({"t": 1.0, **dict.fromkeys(FIELDS, 1), "rows": -2})
+    path.write_text(f"{good}\n{bad}\n{good}\n")
+    with pytest.raises(ConfigError) as info:
+        read_step_logs(tmp_path)
+    assert str(info.value) == (
+        f"{path} line 2: rows=-2: must be a number ≥ 0; the step log is damaged: remove the "
+        "file (calibration then fits the engine from the trace alone)"
+    )
