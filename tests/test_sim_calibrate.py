@@ -484,3 +484,21 @@ def test_a_run_whose_engine_logged_its_steps_is_fitted_from_the_log(run: Path) -
     cal = calibrate(run)
     fit = next(f for f in cal.fits if f.key == "engine.step_base")
     assert "windows of the engines' step logs" in fit.error
+
+
+def test_a_step_log_too_short_to_fit_leaves_the_engine_to_the_trace(
+    run: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from stalebound.engines.steplog import STEP_LOG_DIR
+    from stalebound.sim.calibrate import MIN_WINDOWS
+
+    copy = tmp_path / "r"
+    shutil.copytree(run, copy)
+    log = copy / STEP_LOG_DIR / "local0.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text("".join(lines[: MIN_WINDOWS - 1]))
+    fit = next(f for f in calibrate(copy).fits if f.key == "engine.step_base")
+    assert fit.error.startswith("over "), fit.error
+    assert "bins of 0.25 s" in fit.error

@@ -409,6 +409,10 @@ def _training_overlap(rows: Sequence[Mapping[str, float]], busy: Sequence[_Perio
     return out
 
 
+MIN_WINDOWS = 4
+"""The fewest windows of decoding in the engines' step logs that calibration fits the engine
+from; with fewer, it fits the engine from the trace (:func:`_fit_engine`)."""
+
 ENGINE_BIN_S = 0.25
 """The engine fit's time bins (seconds): short enough that the batch's size and context vary from
 bin to bin, long enough to hold several decode steps of a full batch (tenths of a second on the
@@ -546,7 +550,8 @@ def _fit_logged_engine(
     windows: Sequence[Mapping[str, float]], records: Sequence[TrajectoryRecord], replicas: int
 ) -> tuple[float, float, float, float, str]:
     """``engine.prefill``, ``step_base``, ``step_per_seq``, ``step_per_ctx`` and the fit's error,
-    from the windows the engines' step logs hold (:mod:`stalebound.engines.steplog`).
+    from the windows the engines' step logs hold (:mod:`stalebound.engines.steplog`; at least
+    :data:`MIN_WINDOWS` of decoding).
 
     A window's decode seconds are ``step_base × passes + row × rows + slot × slots`` (a forward
     pass's fixed cost, each row's, each cache position's): their proportions by non-negative least
@@ -559,11 +564,6 @@ def _fit_logged_engine(
     the logs do not account for: the engine waiting for requests still on their way to it (a
     burst's requests reach it one after another)."""
     decoding = [w for w in windows if w["decode_s"] > 0]
-    if len(decoding) < 4:
-        raise ConfigError(
-            f"calibrate: the engines' step logs hold {len(decoding)} windows of decoding; "
-            "record a run of a few steps at least"
-        )
     columns = [[w[k] / w["decode_s"] for w in decoding] for k in ("passes", "rows", "slots")]
     coef, rms = _lstsq_nonneg(columns, [1.0] * len(decoding))
     total = {k: sum(w[k] for w in windows) for k in windows[0]}
@@ -666,7 +666,8 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
 
     logs = read_step_logs(run_dir / STEP_LOG_DIR)
     windows = [w for log in logs.values() for w in log]
-    if windows and len(logs) == info.replicas:  # each engine timed its steps
+    # each engine timed its steps, over windows enough to tell a pass from a row and a position
+    if len(logs) == info.replicas and sum(w["decode_s"] > 0 for w in windows) >= MIN_WINDOWS:
         prefill, step_base, per_seq, per_ctx, engine_error = _fit_logged_engine(
             windows, [r for r in records if r.tokens > 0], info.replicas
         )
