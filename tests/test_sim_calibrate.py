@@ -502,3 +502,29 @@ def test_a_step_log_too_short_to_fit_leaves_the_engine_to_the_trace(
     fit = next(f for f in calibrate(copy).fits if f.key == "engine.step_base")
     assert fit.error.startswith("over "), fit.error
     assert "bins of 0.25 s" in fit.error
+
+
+def _episode(tokens: int, complete: bool = True) -> TrajectoryRecord:
+    return TrajectoryRecord("p", "g", 0, 0.0, 1.0, tokens, complete=complete)
+
+
+def test_an_episode_cut_short_is_given_a_length_beyond_its_cut() -> None:
+    from stalebound.sim.calibrate import _lengths
+
+    done = [_episode(n) for n in (1, 2, 3, 10)]
+    lengths, cut = _lengths(done, [_episode(5, False), _episode(20, False)], seed=0)
+    # 10 is the one complete length beyond 5; nothing ended beyond 20: it keeps its own
+    assert (lengths, cut) == ((1.0, 2.0, 3.0, 10.0, 10.0, 20.0), 2)
+
+
+def test_the_lengths_beyond_a_cut_are_weighed_as_kaplan_meier_weighs_them() -> None:
+    # one episode ended at 60 tokens and one at 200; 800 were cut at 100 and 200 at 50. Of the
+    # episodes still running at 60 tokens, 1 in 802 ended there: a cut at 50 almost always goes
+    # on to 200 (drawing evenly from the longer complete lengths would give 60 half the time)
+    from stalebound.sim.calibrate import _lengths
+
+    cut = [_episode(50, False)] * 200 + [_episode(100, False)] * 800
+    lengths, _ = _lengths([_episode(60), _episode(200)], cut, seed=0)
+    beyond_50 = lengths[2:202]
+    assert sum(n == 200 for n in beyond_50) >= 195
+    assert all(n == 200 for n in lengths[202:])

@@ -621,6 +621,43 @@ def _fit_publish(
     return base, slope, error
 
 
+def _lengths(
+    done: Sequence[TrajectoryRecord], cut: Sequence[TrajectoryRecord], seed: int
+) -> tuple[tuple[float, ...], int]:
+    """The episodes' lengths: each complete one's, and for each one cut short (a deadline's
+    truncation, an abort) a length drawn beyond what it had generated, from the Kaplan–Meier
+    estimate of the lengths (the complete lengths, each episode cut at ``t`` counted among those
+    that might still end at any length above ``t``). It would have gone on: leaving it out, or
+    keeping the length it was cut at, takes the longest answers out of a run that cut them. What
+    the estimate leaves beyond the longest complete length goes to that length. Returns the
+    lengths and how many were cut short."""
+    import bisect
+    import random
+    from collections import Counter
+
+    ends = Counter(float(r.tokens) for r in done)
+    cuts = sorted(float(r.tokens) for r in cut)
+    values = sorted(ends)
+    masses = []
+    surviving = 1.0
+    at_risk = len(done) + len(cuts)
+    for length in values:
+        # episodes cut below this length are no longer at risk of ending at it
+        risk = at_risk - bisect.bisect_left(cuts, length)
+        hazard = ends[length] / risk
+        masses.append(surviving * hazard)
+        surviving *= 1.0 - hazard
+        at_risk -= ends[length]
+    if values:
+        masses[-1] += surviving
+    rng = random.Random(seed)
+    drawn = []
+    for t in cuts:
+        i = bisect.bisect_right(values, t)
+        drawn.append(rng.choices(values[i:], masses[i:])[0] if sum(masses[i:]) > 0 else t)
+    return (*(float(r.tokens) for r in done), *drawn), len(drawn)
+
+
 def _relative(rms: float, values: Sequence[float]) -> str:
     mean = statistics.fmean(values) if values else 0.0
     return f"RMS residual {rms:.3g} s ({rms / mean:.0%} of the mean {mean:.3g} s)" if mean else "–"
@@ -655,8 +692,20 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
         )
     fits: list[Fit] = []
 
-    lengths = tuple(float(r.tokens) for r in done)
-    fits.append(Fit("lengths", statistics.fmean(lengths), "tokens", _spread(lengths, "")))
+    lengths, cut = _lengths(done, [r for r in records if not r.complete and r.tokens > 0], seed)
+    fits.append(
+        Fit(
+            "lengths",
+            statistics.fmean(lengths),
+            "tokens",
+            _spread(lengths, "")
+            + (
+                f"; {cut} cut short, each given a complete episode's length beyond its own"
+                if cut
+                else ""
+            ),
+        )
+    )
     tools = tuple(max(1e-6, t) for r in done for t in r.tool_latencies)
     turns = 1 + round(statistics.median(len(r.tool_latencies) for r in done))
     rewards = tuple(max(1e-6, r.reward_latency) for r in done)
