@@ -41,11 +41,31 @@ def test_a_window_is_written_once_it_is_full_and_the_last_at_close(tmp_path: Pat
         "rows": 6,
         "slots": 2 * 10 + 30 + 3 * 31,
         "context_slots": 2 * 4 + 25 + 3 * 26,
+        "lone_steps": 0,
+        "lone_s": 0,
+        "lone_slots": 0,
         "admitted": 3,
         "admit_s": 0.002,
         "pipe_s": 0.001,
     }
     assert last["steps"] == 1 and last["slots"] == 96 and last["admitted"] == 0
+
+
+def test_a_step_of_one_request_is_summed_apart_too(tmp_path: Path) -> None:
+    log = StepLog(tmp_path / "a.jsonl", window=1.0, clock=Clock())
+    log.decoded([(1, 120, 100)], 0.002)  # a straggler alone
+    log.decoded([(1, 121, 101), (1, 5, 2)], 0.003)  # two passes: not alone
+    log.decoded([(2, 40, 30)], 0.003)  # two rows: not alone
+    log.close()
+    (window,) = read_step_logs(tmp_path)["a"]
+    assert (window["lone_steps"], window["lone_s"], window["lone_slots"]) == (1, 0.002, 120)
+
+
+def test_a_log_written_before_steps_alone_were_summed_reads_them_as_none(tmp_path: Path) -> None:
+    old = {k: 1 for k in FIELDS if not k.startswith("lone_")}
+    (tmp_path / "a.jsonl").write_text(json.dumps(old) + "\n")
+    (window,) = read_step_logs(tmp_path)["a"]
+    assert window["lone_steps"] == window["lone_s"] == window["lone_slots"] == 0
 
 
 def test_an_empty_window_writes_nothing(tmp_path: Path) -> None:

@@ -441,29 +441,56 @@ def test_the_contention_is_read_from_the_training_threads_cpu_seconds(tmp_path: 
     assert fits["trainer.contention"] == pytest.approx(1.0)  # 0.5 / (1 − 0.5)
 
 
-def test_the_engine_fit_takes_the_costs_the_engine_logged() -> None:
-    # windows of an engine whose decode step costs 1.2 ms a pass, 0.08 ms a row and 1.5 µs a
-    # cache position, a fifth of the positions being prompts: the fit finds the three costs and
-    # moves the prompts' share into the row's; admission takes the seconds admitting and on the
-    # pipe, and the trace's busy time the logs leave out (2 s − 1.5 s logged), per request
-    from stalebound.sim.calibrate import _fit_logged_engine
-
+def _logged_windows(lone_steps: int = 0) -> list[dict[str, float]]:
+    """Windows of an engine whose decode step costs 1.2 ms a pass, 0.08 ms a row and 1.5 µs a
+    cache position, a fifth of the positions being prompts; with ``lone_steps``, the last window
+    holds that many steps of one request at 100 positions, and the others none."""
     windows = []
-    for passes, rows, slots in ((10, 100, 4000), (30, 900, 90000), (12, 1200, 30000), (5, 5, 900)):
-        decode = 1.2e-3 * passes + 8e-5 * rows + 1.5e-6 * slots
+    shapes = ((10, 100, 4000), (30, 900, 90000), (12, 1200, 30000), (5, 5, 900))
+    for passes, rows, slots in shapes:
         windows.append(
             {
                 "steps": 5.0,
-                "decode_s": decode,
+                "decode_s": 1.2e-3 * passes + 8e-5 * rows + 1.5e-6 * slots,
                 "passes": float(passes),
                 "rows": float(rows),
                 "slots": float(slots),
                 "context_slots": 0.8 * slots,
+                "lone_steps": 0.0,
+                "lone_s": 0.0,
+                "lone_slots": 0.0,
                 "admitted": 10.0,
                 "admit_s": 0.004,
                 "pipe_s": 0.001,
             }
         )
+    if lone_steps:
+        n = float(lone_steps)
+        lone = 1.2e-3 + 8e-5 + 1.5e-6 * 100
+        windows.append(
+            {
+                **windows[-1],
+                "steps": n,
+                "decode_s": n * lone,
+                "passes": n,
+                "rows": n,
+                "slots": 100 * n,
+                "context_slots": 80 * n,
+                "lone_steps": n,
+                "lone_s": n * lone,
+                "lone_slots": 100 * n,
+            }
+        )
+    return windows
+
+
+def test_the_engine_fit_takes_the_costs_the_engine_logged() -> None:
+    # the fit finds the three costs and moves the prompts' share into the row's; admission
+    # takes the seconds admitting and on the pipe, and the trace's busy time the logs leave out
+    # (0.5 s), per request
+    from stalebound.sim.calibrate import _fit_logged_engine
+
+    windows = _logged_windows()
     logged = sum(w["decode_s"] + w["admit_s"] + w["pipe_s"] for w in windows)
     busy = logged + 0.5
     records = [TrajectoryRecord("p", "g", 0, 1.0, 1.0 + busy, 7)]
@@ -475,6 +502,28 @@ def test_the_engine_fit_takes_the_costs_the_engine_logged() -> None:
     assert prefill == pytest.approx((0.02 + 0.5) / 40)
     assert error.startswith("over 4 windows of the engines' step logs: RMS relative residual 0%")
     assert f"account for {logged / busy:.0%} of the trace's busy time" in error
+
+
+@pytest.mark.parametrize("lone_steps", [19, 20])
+def test_steps_of_one_request_pin_a_pass_of_one_row(lone_steps: int) -> None:
+    # the engine's lone steps cost 0.6 ms more than its batches say (a pass of one row pays for
+    # the sampling and the bookkeeping the batches share out): from 20 of them on, the pass's
+    # fixed cost is what a lone step costs beyond its row and positions
+    from stalebound.sim.calibrate import MIN_LONE_STEPS, _fit_logged_engine
+
+    assert lone_steps - MIN_LONE_STEPS in (-1, 0)
+    windows = _logged_windows(lone_steps)
+    windows[-1]["decode_s"] += 6e-4 * lone_steps
+    windows[-1]["lone_s"] += 6e-4 * lone_steps
+    records = [TrajectoryRecord("p", "g", 0, 1.0, 2.0, 7)]
+    _, base, per_seq, per_ctx, error = _fit_logged_engine(windows, records, 1)
+    alone = base + per_seq + per_ctx * 80  # what the simulator charges a step of one straggler
+    if lone_steps < MIN_LONE_STEPS:
+        assert alone < 1.2e-3 + 8e-5 + 1.5e-6 * 100 + 3e-4, (base, per_seq, per_ctx)
+        assert "steps of one request" not in error
+    else:
+        assert alone == pytest.approx(1.8e-3 + 8e-5 + 1.5e-6 * 100, rel=0.05)
+        assert f"and {lone_steps} steps of one request, 2.03 ms each" in error
 
 
 def test_a_run_whose_engine_logged_its_steps_is_fitted_from_the_log(run: Path) -> None:

@@ -13,6 +13,9 @@ holds the window's sums:
   positions attended, rows × the cohort's cache width, summed; ``context_slots``: the part of
   ``slots`` the cohort's longest answer so far accounts for (rows × its tokens generated), the
   rest being prompts and padding;
+* ``lone_steps``, ``lone_s``, ``lone_slots``: the steps that decoded a single request (one
+  pass of one row: a straggler decoding alone), their seconds and cache positions — the regime
+  the batched steps cannot tell apart from a row's cost;
 * ``admitted``: requests admitted; ``admit_s``: the seconds admitting them took;
 * ``pipe_s``: seconds spent receiving and sending on the pipe, the engine decoding nothing;
 * ``t``: the wall-clock time (``time.time()``) the window was written.
@@ -42,11 +45,17 @@ FIELDS = (
     "rows",
     "slots",
     "context_slots",
+    "lone_steps",
+    "lone_s",
+    "lone_slots",
     "admitted",
     "admit_s",
     "pipe_s",
 )
 """The sums each line holds (besides ``t``)."""
+
+OPTIONAL = frozenset({"lone_steps", "lone_s", "lone_slots"})
+"""Sums a log written before they were kept lacks (read as 0)."""
 
 
 class StepLog:
@@ -82,6 +91,10 @@ class StepLog:
             s["rows"] += rows
             s["slots"] += rows * width
             s["context_slots"] += rows * generated
+        if len(cohorts) == 1 and cohorts[0][0] == 1:
+            s["lone_steps"] += 1
+            s["lone_s"] += seconds
+            s["lone_slots"] += cohorts[0][1]
         self._maybe_write()
 
     def piped(self, seconds: float) -> None:
@@ -149,7 +162,7 @@ def _problem(text: str) -> dict[str, float] | str:
         return f"{text[:60]!r} is not a JSON object"
     window = {}
     for key in FIELDS:
-        value = data.get(key)
+        value = data.get(key, 0 if key in OPTIONAL else None)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             return f"{key}={value!r}: must be a number ≥ 0"
         window[key] = float(value)

@@ -409,6 +409,10 @@ def _training_overlap(rows: Sequence[Mapping[str, float]], busy: Sequence[_Perio
     return out
 
 
+MIN_LONE_STEPS = 20
+"""The fewest steps of a request decoding alone that pin a forward pass's fixed cost (fewer: it
+is fitted with the row's and the position's)."""
+
 MIN_WINDOWS = 4
 """The fewest windows of decoding in the engines' step logs that calibration fits the engine
 from; with fewer, it fits the engine from the trace (:func:`_fit_engine`)."""
@@ -554,7 +558,11 @@ def _fit_logged_engine(
     :data:`MIN_WINDOWS` of decoding).
 
     A window's decode seconds are ``step_base × passes + row × rows + slot × slots`` (a forward
-    pass's fixed cost, each row's, each cache position's): their proportions by non-negative least
+    pass's fixed cost, each row's, each cache position's). Where the engines decoded a request
+    alone in :data:`MIN_LONE_STEPS` steps or more, those steps' mean cost pins a pass of one row:
+    ``step_base = lone − row − slot × lone positions``, and the row's and the position's costs
+    are fitted to what the windows cost beyond that (a batched run says little about a pass of
+    one row, the step a straggler decoding alone repeats). The costs fitted by non-negative least
     squares of each window's residual relative to its seconds, their level so that the windows
     add up to the decode seconds logged. The simulator counts only the positions
     a cohort's answers take (``context_slots``); the rest — prompts and their padding, about the
@@ -564,12 +572,32 @@ def _fit_logged_engine(
     the logs do not account for: the engine waiting for requests still on their way to it (a
     burst's requests reach it one after another)."""
     decoding = [w for w in windows if w["decode_s"] > 0]
-    columns = [[w[k] / w["decode_s"] for w in decoding] for k in ("passes", "rows", "slots")]
-    coef, rms = _lstsq_nonneg(columns, [1.0] * len(decoding))
     total = {k: sum(w[k] for w in windows) for k in windows[0]}
+    lone = total["lone_steps"] >= MIN_LONE_STEPS
+    # a pass's fixed cost: what a lone step costs beyond its row and positions, where the run
+    # decoded enough stragglers alone; else fitted with the others (the batches pin it loosely)
+    mean_s = total["lone_s"] / total["lone_steps"] if lone else 0.0
+    mean_slots = total["lone_slots"] / total["lone_steps"] if lone else 0.0
+
+    def column(w: Mapping[str, float], key: str) -> float:
+        if not lone:
+            return w[key]
+        return w["rows"] - w["passes"] if key == "rows" else w["slots"] - w["passes"] * mean_slots
+
+    keys = ("rows", "slots") if lone else ("passes", "rows", "slots")
+    y = [w["decode_s"] - w["passes"] * mean_s for w in decoding]
+    columns = [[column(w, k) / w["decode_s"] for w in decoding] for k in keys]
+    coef, rms = _lstsq_nonneg(
+        columns, [v / w["decode_s"] for v, w in zip(y, decoding, strict=True)]
+    )
     # relative residuals weigh every window alike; the level makes the windows add up
-    fitted = sum(c * total[k] for c, k in zip(coef, ("passes", "rows", "slots"), strict=True))
-    step_base, per_row, per_slot = (c * total["decode_s"] / fitted for c in coef)
+    fitted = sum(c * sum(column(w, k) for w in decoding) for c, k in zip(coef, keys, strict=True))
+    coef = [c * sum(y) / fitted for c in coef] if fitted > 0 and sum(y) > 0 else coef
+    if lone:
+        per_row, per_slot = coef
+        step_base = mean_s - per_row - per_slot * mean_slots
+    else:
+        step_base, per_row, per_slot = coef
     per_seq = per_row + per_slot * (total["slots"] - total["context_slots"]) / max(
         total["rows"], 1.0
     )
@@ -579,8 +607,13 @@ def _fit_logged_engine(
     joins = max(total["admitted"], 1.0)
     prefill = (total["admit_s"] + total["pipe_s"] + unlogged) / joins
     error = (
-        f"over {len(decoding)} windows of the engines' step logs: RMS relative residual "
-        f"{rms:.0%}; the logs account for {logged / busy:.0%} of the trace's busy time, the rest "
+        f"over {len(decoding)} windows of the engines' step logs"
+        + (
+            f" and {total['lone_steps']:.0f} steps of one request, {mean_s * 1e3:.3g} ms each"
+            if lone
+            else ""
+        )
+        + f": RMS relative residual {rms:.0%}; the logs account for {logged / busy:.0%} of the trace's busy time, the rest "
         f"({unlogged / joins * 1e3:.3g} ms per admitted request) counted as admission"
         if busy > 0
         else f"over {len(decoding)} windows of the engines' step logs: RMS relative residual "
