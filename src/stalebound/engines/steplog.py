@@ -2,7 +2,8 @@
 read by calibration (:mod:`stalebound.sim.calibrate`). Pure and torch-free.
 
 The worker times each step's two parts — admitting the requests that arrived (their prefill) and
-decoding one token for every running request (one forward pass per cohort) — and what it spends
+decoding one token for every running request (merging cohorts where the rule says so, then one
+forward pass per cohort) — and what it spends
 on the pipe between steps (receiving requests, sending the finished ones back). It adds them up
 over windows of :data:`WINDOW_S` seconds and appends one JSON line per window to its replica's
 file in the run's :data:`STEP_LOG_DIR`; a killed worker loses at most its last window. Each line

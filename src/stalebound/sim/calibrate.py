@@ -606,19 +606,15 @@ def _fit_logged_engine(
     unlogged = max(0.0, busy - logged)
     joins = max(total["admitted"], 1.0)
     prefill = (total["admit_s"] + total["pipe_s"] + unlogged) / joins
-    error = (
-        f"over {len(decoding)} windows of the engines' step logs"
-        + (
-            f" and {total['lone_steps']:.0f} steps of one request, {mean_s * 1e3:.3g} ms each"
-            if lone
-            else ""
+    error = f"over {len(decoding)} windows of the engines' step logs"
+    if lone:
+        error += f" and {total['lone_steps']:.0f} steps of one request, {mean_s * 1e3:.3g} ms each"
+    error += f": RMS relative residual {rms:.0%}"
+    if busy > 0:
+        error += (
+            f"; the logs account for {logged / busy:.0%} of the trace's busy time, the rest "
+            f"({unlogged / joins * 1e3:.3g} ms per admitted request) counted as admission"
         )
-        + f": RMS relative residual {rms:.0%}; the logs account for {logged / busy:.0%} of the trace's busy time, the rest "
-        f"({unlogged / joins * 1e3:.3g} ms per admitted request) counted as admission"
-        if busy > 0
-        else f"over {len(decoding)} windows of the engines' step logs: RMS relative residual "
-        f"{rms:.0%}"
-    )
     return prefill, max(step_base, 1e-6), per_seq, per_slot, error
 
 
