@@ -92,3 +92,17 @@ def test_a_torn_last_line_is_left_out_and_a_damaged_one_before_it_named(tmp_path
         f"{path} line 2: rows=-2: must be a number ≥ 0; the step log is damaged: remove the "
         "file (calibration then fits the engine from the trace alone)"
     )
+
+
+def test_a_run_started_again_from_the_beginning_logs_its_steps_afresh(tmp_path: Path) -> None:
+    # a run that stopped before its first checkpoint starts again from nothing: windows of the
+    # first attempt would count against the trace written again
+    from stalebound.engines.steplog import STEP_LOG_DIR
+    from stalebound.train.recipe import clear_unfinished_start
+
+    log = StepLog(tmp_path / STEP_LOG_DIR / "local0.jsonl", window=0.0)
+    log.decoded([(1, 10, 5)], 0.001)
+    log.close()
+    assert read_step_logs(tmp_path / STEP_LOG_DIR)["local0"]
+    clear_unfinished_start(tmp_path)
+    assert read_step_logs(tmp_path / STEP_LOG_DIR) == {}

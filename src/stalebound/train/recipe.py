@@ -780,7 +780,9 @@ def engine_death(engines: Sequence[Any]) -> str | None:
 
 def clear_unfinished_start(run_dir: Path) -> None:
     """Files of a run that stopped before its first checkpoint that starting it again does not
-    rewrite itself (the metrics and the ledger are cut back to nothing when they are opened)."""
+    rewrite itself (the metrics and the ledger are cut back to nothing when they are opened):
+    the traces of resumes and the engines' step logs, which are appended to."""
     for _, path in run_traces(run_dir):
         if path.name != TRACE_FILE:  # the first trace is written again from the start
             path.unlink(missing_ok=True)
+    shutil.rmtree(run_dir / STEP_LOG_DIR, ignore_errors=True)
