@@ -106,3 +106,22 @@ def test_a_run_started_again_from_the_beginning_logs_its_steps_afresh(tmp_path: 
     assert read_step_logs(tmp_path / STEP_LOG_DIR)["local0"]
     clear_unfinished_start(tmp_path)
     assert read_step_logs(tmp_path / STEP_LOG_DIR) == {}
+
+
+def test_a_log_that_cannot_be_written_stops_and_the_engine_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = StepLog(tmp_path / "a.jsonl", window=0.0)
+    log.decoded([(1, 10, 5)], 0.001)
+
+    def full(_: str) -> int:
+        raise OSError(28, "No space left on device")
+
+    log._file.write = full  # type: ignore[method-assign]
+    log.decoded([(1, 11, 6)], 0.001)
+    log.decoded([(1, 12, 7)], 0.001)  # nothing more is tried
+    log.close()
+    assert len(read_step_logs(tmp_path)["a"]) == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the engine's step log {tmp_path / 'a.jsonl'} stops: [Errno 28] No space left on device"
+    ]

@@ -24,12 +24,16 @@ holds the window's sums:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["FIELDS", "STEP_LOG_DIR", "WINDOW_S", "StepLog", "read_step_logs"]
 
@@ -107,20 +111,27 @@ class StepLog:
             self.write()
 
     def write(self) -> None:
-        """Append the window's sums (if anything happened in it) and start a new window."""
+        """Append the window's sums (if anything happened in it) and start a new window. A log
+        that cannot be written (a full disk) stops, with a warning: the engine goes on."""
         self._since = self._clock()
-        if not any(self._sums.values()):
+        if not any(self._sums.values()) or self._file.closed:
             return
         line = {"t": round(time.time(), 3), **{k: _number(v) for k, v in self._sums.items()}}
-        self._file.write(json.dumps(line) + "\n")
-        self._file.flush()
         self._sums = dict.fromkeys(FIELDS, 0.0)
+        try:
+            self._file.write(json.dumps(line) + "\n")
+            self._file.flush()
+        except OSError as exc:
+            _log.warning("the engine's step log %s stops: %s", self._file.name, exc)
+            with contextlib.suppress(OSError):
+                self._file.close()
 
     def close(self) -> None:
         """Write what the last window holds and close the file."""
         if not self._file.closed:
             self.write()
-            self._file.close()
+            with contextlib.suppress(OSError):
+                self._file.close()
 
 
 def _number(value: float) -> float | int:
