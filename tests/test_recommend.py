@@ -236,8 +236,8 @@ def test_a_limit_no_setting_meets_names_the_closest(
     assert "Pareto front of" in captured.out  # what was simulated is still shown
     assert captured.err == (
         "stalebound simulate: no setting meets --max-staleness 0.5 among the 16 simulated; the "
-        "closest: rollout.staleness_policy=buffer rollout.staleness=2 "
-        "rollout.max_concurrent_rollouts=64 (mean staleness 1.62, 0.0% truncated); loosen the "
+        "closest: rollout.staleness_policy=capacity rollout.staleness=2 "
+        "rollout.max_concurrent_rollouts=null (mean staleness 1.62, 0.0% truncated); loosen the "
         "limits or widen --policy / --staleness\n"
     )
 
