@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -89,9 +90,12 @@ def test_a_torn_last_line_is_left_out_and_a_damaged_one_before_it_named(tmp_path
     with pytest.raises(ConfigError) as info:
         read_step_logs(tmp_path)
     assert str(info.value) == (
-        f"{path} line 2: rows=-2: must be a number ≥ 0; the step log is damaged: remove the "
-        "file (calibration then fits the engine from the trace alone)"
+        f"{path}:2: rows=-2: must be a number ≥ 0; the step log is damaged: remove the file "
+        "(calibration then fits the engine from the trace alone)"
     )
+    path.write_text(f"{good}\n{good[:20]}\n{good}\n")  # a line cut short, then more
+    with pytest.raises(ConfigError, match="^" + re.escape(f"{path}:2: not a JSON object")):
+        read_step_logs(tmp_path)
 
 
 def test_a_run_started_again_from_the_beginning_logs_its_steps_afresh(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 _log = logging.getLogger(__name__)
 
@@ -139,43 +139,35 @@ def _number(value: float) -> float | int:
 
 
 def read_step_logs(folder: str | os.PathLike[str]) -> dict[str, list[dict[str, float]]]:
-    """The windows of each step log in ``folder`` by engine name (empty if there is none). A line
-    that does not read — the last one of a killed worker, half written — is an error naming it,
-    unless it is the last line of its file (then it is left out)."""
-    from stalebound.core.errors import ConfigError
+    """The windows of each step log in ``folder`` by engine name (empty if there is none). The
+    unfinished last line of a killed worker is left out (:func:`~stalebound.obs.records.
+    numbered_jsonl`); a line that is damaged elsewhere, or a sum that is not a number ≥ 0, is a
+    ``ConfigError`` naming the file and line."""
+    from stalebound.core.errors import ConfigError, ProtocolError
+    from stalebound.obs.records import numbered_jsonl
 
+    fix = (
+        "the step log is damaged: remove the file (calibration then fits the engine from the "
+        "trace alone)"
+    )
     logs: dict[str, list[dict[str, float]]] = {}
     directory = Path(folder)
     if not directory.is_dir():
         return logs
     for path in sorted(directory.glob("*.jsonl")):
-        lines = path.read_text(encoding="utf-8").splitlines()
         windows = []
-        for number, text in enumerate(lines, 1):
-            problem = _problem(text)
-            if isinstance(problem, dict):
-                windows.append(problem)
-            elif number < len(lines):
-                raise ConfigError(
-                    f"{path} line {number}: {problem}; the step log is damaged: remove the file "
-                    "(calibration then fits the engine from the trace alone)"
-                )
+        try:
+            for number, record in numbered_jsonl(path):
+                window = {}
+                for key in FIELDS:
+                    value = record.get(key, 0 if key in OPTIONAL else None)
+                    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                        raise ConfigError(
+                            f"{path}:{number}: {key}={value!r}: must be a number ≥ 0; {fix}"
+                        )
+                    window[key] = float(value)
+                windows.append(window)
+        except ProtocolError as exc:  # not JSON: it names the line and the fix
+            raise ConfigError(str(exc)) from None
         logs[path.stem] = windows
     return logs
-
-
-def _problem(text: str) -> dict[str, float] | str:
-    """The window ``text`` holds, or what is wrong with it."""
-    try:
-        data: Any = json.loads(text)
-    except ValueError as exc:
-        return f"not JSON ({exc})"
-    if not isinstance(data, dict):
-        return f"{text[:60]!r} is not a JSON object"
-    window = {}
-    for key in FIELDS:
-        value = data.get(key, 0 if key in OPTIONAL else None)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            return f"{key}={value!r}: must be a number ≥ 0"
-        window[key] = float(value)
-    return window
