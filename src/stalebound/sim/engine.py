@@ -132,7 +132,8 @@ class Replica:
         self.ticket = 0
         self._heap: list[tuple[float, int, Sequence]] = []
         self._oldest: list[tuple[float, int, Sequence]] = []
-        """The active sequences by the progress they joined at (kept only with ``per_ctx``)."""
+        """The active sequences by the progress they joined at (kept only with ``per_ctx`` and
+        without cohorts)."""
         self._seq = 0
         self._cohorts = None if cohort_padding is None else Cohorts(cohort_padding)
         """The decode cohorts (``cohort_padding`` set): ``step_base`` is paid once per cohort."""
@@ -204,7 +205,7 @@ class Replica:
             self.stall(self.prefill)
         self._seq += 1
         heapq.heappush(self._heap, (s.finish, self._seq, s))
-        if self.per_ctx:
+        if self.per_ctx and self._cohorts is None:  # cohorts keep their own widths
             heapq.heappush(self._oldest, (s.start, self._seq, s))
         if self._cohorts is not None and s.tokens:
             s.cohort = self._cohorts.join(s.start)

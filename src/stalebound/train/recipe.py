@@ -279,8 +279,8 @@ class TrainRecipe:
 
         # 3-4. engines and the executor
         with phase(console, "starting the engines …"):
-            steps = run_dir / STEP_LOG_DIR if cfg.run.trace else None  # for calibration
-            engines = make_engines(cfg, self.backend, policy_dir, version, steps)
+            step_logs = run_dir / STEP_LOG_DIR if cfg.run.trace else None  # for calibration
+            engines = make_engines(cfg, self.backend, policy_dir, version, step_logs)
         self._engines = engines
         self._stopping.append(engines.close)
         self.engine = BusyMeter(engines.engine)
