@@ -524,6 +524,18 @@ def test_steps_of_one_request_pin_a_pass_of_one_row(lone_steps: int) -> None:
     else:
         assert alone == pytest.approx(1.8e-3 + 8e-5 + 1.5e-6 * 100, rel=0.05)
         assert f"and {lone_steps} steps of one request, 2.03 ms each" in error
+        assert "set to 0" not in error
+
+
+def test_lone_steps_cheaper_than_their_row_leave_a_pass_at_no_cost_and_say_so() -> None:
+    from stalebound.sim.calibrate import MIN_LONE_STEPS, _fit_logged_engine
+
+    windows = _logged_windows(MIN_LONE_STEPS)
+    windows[-1]["decode_s"] = windows[-1]["lone_s"] = 1e-5 * MIN_LONE_STEPS
+    records = [TrajectoryRecord("p", "g", 0, 1.0, 2.0, 7)]
+    _, base, _, _, error = _fit_logged_engine(windows, records, 1)
+    assert base == 1e-6
+    assert "the lone steps cost less than their row and positions: a pass's cost set to 0" in error
 
 
 def test_a_run_whose_engine_logged_its_steps_is_fitted_from_the_log(run: Path) -> None:

@@ -610,6 +610,8 @@ def _fit_logged_engine(
     if lone:
         error += f" and {total['lone_steps']:.0f} steps of one request, {mean_s * 1e3:.3g} ms each"
     error += f": RMS relative residual {rms:.0%}"
+    if step_base < 0:
+        error += "; the lone steps cost less than their row and positions: a pass's cost set to 0"
     if busy > 0:
         error += (
             f"; the logs account for {logged / busy:.0%} of the trace's busy time, the rest "
