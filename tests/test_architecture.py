@@ -329,6 +329,7 @@ def test_the_config_tree_composes_sections_only() -> None:
 
 UTILITIES = (
     "stalebound._lazy",
+    "stalebound._heap",
     "stalebound._scoped",
     "stalebound.userfiles",
     "stalebound.typedconfig",

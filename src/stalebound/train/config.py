@@ -298,3 +298,8 @@ class RunConfig:
     trace: bool = True
     """Write ``trace.jsonl``: each episode's timing and tokens, for ``stalebound simulate
     --replay``."""
+    gc_freeze: bool = True
+    """Before the first step, move every object the set-up made (torch, the model, the prompts)
+    into the garbage collector's permanent generation, so its full collections, which otherwise
+    hold the trainer and the executor for a quarter of a second every few seconds on a CPU, visit
+    only what the run makes; released when the run ends (``bench/gc_freeze.py`` measures both)."""

@@ -40,6 +40,7 @@ from typing import Any
 
 from rich.console import Console
 
+from stalebound._heap import frozen_heap
 from stalebound.config import StaleboundConfig, dump_yaml
 from stalebound.core import ConfigError, DataExhausted, StaleboundError, StalenessPolicy
 from stalebound.core.policy import BufferBacked
@@ -455,7 +456,7 @@ class TrainRecipe:
         and write the summary. A first SIGTERM/SIGINT stops after the current step with a
         checkpoint (:class:`TrainingInterrupted`)."""
         cfg = self.cfg
-        with self._failures():
+        with self._failures(), frozen_heap() if cfg.run.gc_freeze else contextlib.nullcontext():
             self._steps()
             self._failing = False
         self._release()
