@@ -1,8 +1,9 @@
 """What freezing the set-up's heap (``run.gc_freeze``) does to a real run's throughput.
 
-    python bench/gc_freeze.py [--rounds 3] [--steps 40] [--policy deadline] [CONFIG]
+    python bench/gc_freeze.py [--rounds 3] [--steps 40] [--policy deadline|capacity|buffer|sync] [CONFIG]
 
-Trains CONFIG (default: the built-in ``bench-longtail.yaml``, η = 4, deadline target 2) once with
+Trains CONFIG (default: the built-in ``bench-longtail.yaml``) under one of the long-tail bench's
+policies (``deadline`` at η_h = 4, η_s = 2; ``capacity`` and ``buffer`` at 2; sync) once with
 ``run.gc_freeze=true`` and once with ``false``, alternating, ``--rounds`` times, each in a fresh
 process as ``stalebound train`` would run. Prints each run's trajectories/s, trainer idle fraction
 and the full (oldest-generation) collections the process made with their total and longest pause,
@@ -24,6 +25,19 @@ from pathlib import Path
 import stalebound
 
 LONGTAIL = Path(stalebound.__file__).parent / "configs" / "bench-longtail.yaml"
+
+# The bench's rows (`stalebound bench --staleness 4 --target 2 --same-admission`): sync is
+# `capacity` at η = 0.
+POLICY = {
+    "sync": ["rollout.staleness_policy=capacity", "rollout.staleness=0"],
+    "capacity": ["rollout.staleness_policy=capacity", "rollout.staleness=2"],
+    "deadline": [
+        "rollout.staleness_policy=deadline",
+        "rollout.staleness=4",
+        "rollout.deadline.target=2",
+    ],
+    "buffer": ["rollout.staleness_policy=buffer", "rollout.staleness=2"],
+}
 
 # Runs `stalebound train` in this process with a collector callback that times every full
 # collection; writes the totals to the file named by SB_GC_REPORT when the run ends.
@@ -77,12 +91,9 @@ def main() -> None:
     parser.add_argument("config", nargs="?", default=str(LONGTAIL))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--policy", default="deadline")
+    parser.add_argument("--policy", default="deadline", choices=list(POLICY))
     args = parser.parse_args()
-    overrides = [
-        f"rollout.staleness_policy={args.policy}", f"run.steps={args.steps}",
-        *(["rollout.staleness=4", "rollout.deadline.target=2"] if args.policy == "deadline" else []),
-    ]  # fmt: skip
+    overrides = [f"run.steps={args.steps}", *POLICY[args.policy]]
     results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     print(f"{'round':>5} {'gc_freeze':>9} {'traj/s':>8} {'trainer idle':>12} "
           f"{'full GCs':>8} {'GC pause s':>10} {'longest s':>9}")  # fmt: skip
