@@ -16,24 +16,18 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["freeze_heap", "frozen_heap"]
-
-
-def freeze_heap() -> None:
-    """Collect what is garbage now, then freeze everything left (for a process that keeps it
-    until it exits, such as an engine's worker once its model is loaded)."""
-    gc.collect()
-    gc.freeze()
+__all__ = ["frozen_heap"]
 
 
 @contextmanager
 def frozen_heap() -> Iterator[None]:
-    """Freeze the heap for the ``with`` block (:func:`freeze_heap`) and unfreeze it after, so the
-    objects of a run that ended can be collected when the process goes on (a benchmark running
-    one policy after another, a test suite). Within a block already frozen, the objects made since
-    are frozen too and the outermost block unfreezes them all."""
+    """Collect what is garbage now, freeze everything left for the ``with`` block, and unfreeze it
+    after, so the objects of a run that ended can be collected when the process goes on (a
+    benchmark running one policy after another, a test suite). Within a block already frozen, the
+    objects made since are frozen too and the outermost block unfreezes them all."""
     outermost = gc.get_freeze_count() == 0
-    freeze_heap()
+    gc.collect()
+    gc.freeze()
     try:
         yield
     finally:
