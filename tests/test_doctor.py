@@ -308,9 +308,11 @@ def test_a_resumed_run_is_diagnosed_as_one_history_from_the_cli(
     assert report["resumed_at"] == [4] == d.resumed_at
     assert [s["step"] for s in report["steps"]] == [1, 2, 3, 4, 5, 6]
     assert "start-up" in d.steps[4].trainer  # the resumed first step waits from nothing again
-    assert report["largest"] == d.largest == "admission bound"
-    assert report["setting"] == CAUSES["admission bound"].setting
-    predicted = report["predicted_gain"]  # the simulator calibrated on the run, at η = 1
+    # on an idle machine the admission bound; with every core busy (make stress) the engines slow
+    # the training steps more than the bound holds the trainer
+    assert report["largest"] == d.largest in ("admission bound", "CPU contention")
+    assert report["setting"] == CAUSES[d.largest].setting
+    predicted = report["predictions"]["admission bound"]  # the simulator on the run, at η = 1
     assert predicted["change"] == "rollout.staleness=1 rollout.deadline.target=1"
     assert predicted["trajectories_per_s"] > 0 and predicted["baseline_trajectories_per_s"] > 0
     assert predicted["gain"] == pytest.approx(
@@ -319,7 +321,8 @@ def test_a_resumed_run_is_diagnosed_as_one_history_from_the_cli(
     # every cause of the trainer's idle time a setting moves gets its setting simulated, or null
     causes = {k for k, v in d.trainer.items() if v > 0} - {"start-up"}
     assert set(report["predictions"]) == causes
-    assert report["predictions"]["admission bound"] == predicted
+    if d.largest == "admission bound":
+        assert report["predicted_gain"] == predicted
     assert report["predictions"]["publication"]["change"] == (
         "publications that take no time (the most any engine.weight_transfer gains)"
     )
