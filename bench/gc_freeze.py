@@ -22,9 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import stalebound
-
-LONGTAIL = Path(stalebound.__file__).parent / "configs" / "bench-longtail.yaml"
+from stalebound.train.bench import WORKLOADS
 
 # The bench's rows (`stalebound bench --staleness 4 --target 2 --same-admission`): sync is
 # `capacity` at η = 0.
@@ -88,7 +86,7 @@ def one_run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", nargs="?", default=str(LONGTAIL))
+    parser.add_argument("config", nargs="?", default=str(WORKLOADS["longtail"]))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--policy", default="deadline", choices=list(POLICY))
