@@ -22,20 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from stalebound.train.bench import WORKLOADS
-
-# The bench's rows (`stalebound bench --staleness 4 --target 2 --same-admission`): sync is
-# `capacity` at η = 0.
-POLICY = {
-    "sync": ["rollout.staleness_policy=capacity", "rollout.staleness=0"],
-    "capacity": ["rollout.staleness_policy=capacity", "rollout.staleness=2"],
-    "deadline": [
-        "rollout.staleness_policy=deadline",
-        "rollout.staleness=4",
-        "rollout.deadline.target=2",
-    ],
-    "buffer": ["rollout.staleness_policy=buffer", "rollout.staleness=2"],
-}
+from stalebound.config import TRAIN_RECIPE, dump_yaml, load_config
+from stalebound.train.bench import POLICIES, SYNC, WORKLOADS, policy_config
 
 # Runs `stalebound train` in this process with a collector callback that times every full
 # collection; writes the totals to the file named by SB_GC_REPORT when the run ends.
@@ -60,15 +48,13 @@ sys.exit(code)
 """
 
 
-def one_run(
-    config: str, overrides: list[str], freeze: bool, where: Path, name: str
-) -> dict[str, float]:
+def one_run(config: Path, freeze: bool, where: Path, name: str) -> dict[str, float]:
     run_dir = where / name
     report = where / "gc.json"
     args = [
-        sys.executable, "-c", PROBE, "train", config, *overrides,
+        sys.executable, "-c", PROBE, "train", str(config),
         f"run.gc_freeze={str(freeze).lower()}", f"run.run_dir={run_dir}",
-        "run.live=false", "run.plots=false", "run.tensorboard=false", "run.checkpoint=false",
+        "run.tensorboard=false", "run.checkpoint=false",
     ]  # fmt: skip
     subprocess.run(
         args, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "SB_GC_REPORT": str(report)}
@@ -89,17 +75,24 @@ def main() -> None:
     parser.add_argument("config", nargs="?", default=str(WORKLOADS["longtail"]))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--policy", default="deadline", choices=list(POLICY))
+    parser.add_argument("--policy", default="deadline", choices=[SYNC, *POLICIES])
     args = parser.parse_args()
-    overrides = [f"run.steps={args.steps}", *POLICY[args.policy]]
+    base = load_config(
+        [TRAIN_RECIPE, args.config], ["rollout.deadline.target=2", f"run.steps={args.steps}"]
+    )
     results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     print(f"{'round':>5} {'gc_freeze':>9} {'traj/s':>8} {'trainer idle':>12} "
           f"{'full GCs':>8} {'GC pause s':>10} {'longest s':>9}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
+        # the bench's row (`stalebound bench --staleness 4 --target 2 --same-admission`), written
+        # out as the file each run trains; every run sets its own directory on top
+        config = Path(tmp) / "config.yaml"
+        row = policy_config(base, args.policy, 4, Path(tmp), same_admission=True)
+        config.write_text(dump_yaml(row))
         for r in range(args.rounds):
             # alternate which setting goes first, so a drift in the machine's speed hits both
             for freeze in (True, False) if r % 2 == 0 else (False, True):
-                res = one_run(args.config, overrides, freeze, Path(tmp), f"{r}-{freeze}")
+                res = one_run(config, freeze, Path(tmp), f"{r}-{freeze}")
                 results[freeze].append(res)
                 print(
                     f"{r + 1:>5} {str(freeze).lower():>9} {res['traj_s']:>8.1f} "
