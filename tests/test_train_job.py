@@ -142,6 +142,15 @@ def test_the_run_trace_replays_under_other_policies(
     recipe = yaml.safe_load((run / "config.yaml").read_text())
     assert header["meta"]["engine_device"] == resolve_device(recipe["engine"]["device"])
     assert len(lines) > 40 * 32 * 8  # every episode of the run, and the header
+    # each episode names the executor's group and its launch index: a group's members share one
+    # prompt, and a whole group holds rollout.group_size of them
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for line in lines[1:]:
+        record = json.loads(line)
+        groups.setdefault(record["group_id"], []).append(record)
+    assert all(len({r["prompt_id"] for r in g}) == 1 for g in groups.values())
+    assert all(len({r["member"] for r in g}) == len(g) for g in groups.values())
+    assert max(len(g) for g in groups.values()) == recipe["rollout"]["group_size"] > 1
     capsys.readouterr()
     code = main(
         [

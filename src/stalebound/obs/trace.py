@@ -15,6 +15,8 @@ Trajectory::
      "complete": true, "outcome": "trained", "reward_latency": 0.05}
 
 * ``prompt_id`` identifies the prompt (a retried group has a new ``group_id``, the same prompt).
+* ``group_id`` and ``member``: the group the trajectory was generated in and its launch index there
+  (a trace written before they were recorded has a group per trajectory, each member 0).
 * ``start`` / ``end``: seconds from the start of the run (wall-clock for real runs, virtual time for
   simulated ones) when generation began and ended.
 * ``tokens``: generated tokens; ``tool_latencies``: seconds of each tool call, in order (a real

@@ -27,7 +27,9 @@ from collections.abc import Awaitable
 from contextvars import ContextVar
 from typing import TypeVar
 
-__all__ = ["CutSignal", "EpisodeTruncated", "interruptible"]
+from stalebound.core import MemberId
+
+__all__ = ["CutSignal", "EpisodeTruncated", "interruptible", "running_member"]
 
 T = TypeVar("T")
 
@@ -41,9 +43,10 @@ class CutSignal:
     """What a running episode is told when it is truncated (the executor's member tasks are
     these). :meth:`cut` is called once by the executor; waits in :func:`interruptible` end."""
 
-    __slots__ = ("_cut_waiter", "truncated")
+    __slots__ = ("_cut_waiter", "mid", "truncated")
 
-    def __init__(self) -> None:
+    def __init__(self, mid: MemberId | None = None) -> None:
+        self.mid = mid  # the group's id and the member's launch index
         self.truncated = False  # its requests are aborted as they come; its output is kept
         self._cut_waiter: asyncio.Future[None] | None = None  # made by the first wait
 
@@ -70,6 +73,13 @@ class CutSignal:
 
 
 _EPISODE: ContextVar[CutSignal | None] = ContextVar("stalebound_episode", default=None)
+
+
+def running_member() -> MemberId | None:
+    """The group id and launch index of the episode the current task runs for the executor;
+    ``None`` outside its episodes. What a trace records as ``group_id`` and ``member``."""
+    signal = _EPISODE.get()
+    return None if signal is None else signal.mid
 
 
 async def interruptible(awaitable: Awaitable[T]) -> T:

@@ -79,15 +79,14 @@ class MemberTask(CutSignal):
         "engine",
         "episode",
         "group",
-        "mid",
         "started",
         "task",
     )
+    mid: MemberId  # always given here
 
     def __init__(self, group: GroupTasks, mid: MemberId, deadline: int) -> None:
-        super().__init__()  # not truncated
+        super().__init__(mid)  # not truncated
         self.group = group
-        self.mid = mid
         self.deadline = deadline  # its timeout bucket
         self.episode: Any = None  # what arun_episode returned (a coroutine)
         self.engine: MemberEngine | None = None

@@ -12,6 +12,7 @@ from typing import Any
 
 from stalebound.engines.protocol import GenerateRequest, GenerateResponse, SamplingParams
 from stalebound.obs.trace import TrajectoryRecord
+from stalebound.runtime.cut import running_member
 from stalebound.tasks.workflow import EpisodeEngine
 
 __all__ = ["BusyMeter", "EngineEpisode"]
@@ -71,6 +72,8 @@ class EngineEpisode:
     async def arun_episode(self, engine: Any, sample: Any) -> Any:
         number = next(self._ids)
         episode = f"ep{number}"
+        # the executor's group and launch index, so a trace keeps a group's members together
+        group_id, member = running_member() or (number, 0)
         turns = itertools.count()
         version = engine.get_version()
         started = time.monotonic()
@@ -103,8 +106,8 @@ class EngineEpisode:
             ended = time.monotonic()
             record = TrajectoryRecord(
                 prompt_id=sample.id,
-                group_id=number,
-                member=0,
+                group_id=group_id,
+                member=member,
                 start=started,
                 end=ended,
                 tokens=generated[0],
