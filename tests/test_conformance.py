@@ -476,7 +476,8 @@ class Spec(NamedTuple):
 
 @dataclass
 class ScriptSource:
-    """Each member's length chosen so that, decoding a token a second, it ends at its time."""
+    """Each member's length chosen so that, its first token with its (instant) prefill and then
+    a token a second, it ends at its time."""
 
     sc: Scenario
     world: World
@@ -487,9 +488,9 @@ class ScriptSource:
         if key not in self.sc.ends:
             return cast(TrajectorySpec, Spec((NEVER,), (), False, 0.0))
         time, how, score = self.sc.ends[key]
-        tokens = time - self.world.launched[key]
-        assert tokens == int(tokens) and tokens >= 1, f"{key}: ends {tokens} s after launch"
-        return cast(TrajectorySpec, Spec((int(tokens),), (), how == "fail", score))
+        steps = time - self.world.launched[key]
+        assert steps == int(steps) and steps >= 1, f"{key}: ends {steps} s after launch"
+        return cast(TrajectorySpec, Spec((int(steps) + 1,), (), how == "fail", score))
 
 
 def run_simulator(sc: Scenario, world: World) -> Log:

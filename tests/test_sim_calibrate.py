@@ -589,3 +589,38 @@ def test_the_lengths_beyond_a_cut_are_weighed_as_kaplan_meier_weighs_them() -> N
     beyond_50 = lengths[2:202]
     assert sum(n == 200 for n in beyond_50) >= 195
     assert all(n == 200 for n in lengths[202:])
+
+
+def test_the_lengths_keep_the_groups_the_trace_recorded() -> None:
+    from stalebound.sim.calibrate import _groups
+
+    def episode(prompt: str, group: Any, member: int, start: float) -> TrajectoryRecord:
+        return TrajectoryRecord(prompt, group, member, start, start + 1.0, 1)
+
+    # recorded groups: each a line, its members in launch order (whatever order they ended in)
+    episodes = [episode("a", 7, 1, 0.0), episode("b", 8, 0, 0.1), episode("a", 7, 0, 0.2)]
+    assert _groups(episodes, [30.0, 5.0, 10.0], group_size=2) == ((10.0, 30.0), (5.0,))
+    # no groups recorded (no group_id, or a group per episode, as older traces have): a
+    # prompt's episodes in the order they started, group_size to a line
+    for group in (lambda i: None, lambda i: i):
+        episodes = [
+            episode(p, group(i), 0, start)
+            for i, (p, start) in enumerate([("a", 0.3), ("b", 0.0), ("a", 0.1), ("a", 0.2)])
+        ]
+        lines = _groups(episodes, [4.0, 9.0, 2.0, 3.0], group_size=2)
+        assert lines == ((9.0,), (2.0, 3.0), (4.0,))
+
+
+def test_the_calibrated_lengths_are_written_a_group_to_a_line(
+    recorded: Path, tmp_path: Path
+) -> None:
+    cal = calibrate(recorded)
+    # the recorded run's trace keeps no group ids: its prompts' episodes, 8 to a group
+    assert sum(len(line) for line in cal.length_groups) == len(cal.lengths)
+    assert max(len(line) for line in cal.length_groups) == cal.run.group_size == 8
+    path = write_workload(cal, tmp_path / "w.yaml")
+    lines = (tmp_path / "w.lengths.txt").read_text().splitlines()
+    assert [[float(x) for x in line.split()] for line in lines] == [
+        list(line) for line in cal.length_groups
+    ]
+    assert load_workload(path).lengths.file == "w.lengths.txt"

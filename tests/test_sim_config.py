@@ -112,3 +112,63 @@ def test_reward_latency_is_an_optional_section_and_base_dir_is_not_a_key() -> No
         workload_from_dict({"base_dir": "/x"})
     with pytest.raises(ConfigError, match=r"failures\.rate=1\.0: must be < 1"):
         workload_from_dict({"failures": {"rate": 1.0}})
+
+
+def test_an_empirical_file_of_groups_gives_each_prompt_one_line(tmp_path: Path) -> None:
+    from stalebound.sim.workload import SampledSource
+
+    (tmp_path / "groups.txt").write_text("# one prompt's answers a line\n2 3 50\n7 7 7\n")
+    cfg = workload_from_dict(
+        {"lengths": {"distribution": "empirical", "file": "groups.txt"}}, base_dir=str(tmp_path)
+    )
+    assert distribution_mean(cfg.lengths, cfg.base_dir) == 76 / 6
+    source = SampledSource(cfg, seed=1, group_launch=3)
+    lines = [tuple(source.spec(p, 0, m).tokens for m in range(3)) for p in range(40)]
+    assert set(lines) == {(2, 3, 50), (7, 7, 7)}  # both drawn, each whole and in member order
+    # a relaunch (attempt 1) goes on through the prompt's own line
+    assert [source.spec(p, 1, 0).tokens for p in range(40)] == [line[0] for line in lines]
+
+    # the same values one a line: each member draws its own
+    (tmp_path / "values.txt").write_text("2\n3\n50\n7\n7\n7\n")
+    cfg = workload_from_dict(
+        {"lengths": {"distribution": "empirical", "file": "values.txt"}}, base_dir=str(tmp_path)
+    )
+    source = SampledSource(cfg, seed=1, group_launch=3)
+    mixed = [tuple(source.spec(p, 0, m).tokens for m in range(3)) for p in range(40)]
+    assert not set(mixed) <= {(2, 3, 50), (7, 7, 7)}
+
+
+def test_a_bad_value_in_a_group_line_is_named(tmp_path: Path) -> None:
+    (tmp_path / "groups.txt").write_text("2 3\n4 x 5\n")
+    cfg = workload_from_dict(
+        {"lengths": {"distribution": "empirical", "file": "groups.txt"}}, base_dir=str(tmp_path)
+    )
+    with pytest.raises(ConfigError) as e:
+        distribution_mean(cfg.lengths, cfg.base_dir)
+    assert "file='groups.txt' line 2='x': not a number; one value per line, or one group's " in (
+        str(e.value)
+    )
+
+
+def test_a_group_of_lengths_waits_for_its_longest_member_only_when_it_has_one(
+    tmp_path: Path,
+) -> None:
+    """Half the prompts' answers are all short, half all long. Drawn apart, almost every group
+    of 8 holds a long answer and its step waits for it; drawn as lines, half the steps do not."""
+    from stalebound.sim.simulator import simulate
+
+    (tmp_path / "groups.txt").write_text("2 2 2 2 2 2 2 2\n400 400 400 400 400 400 400 400\n")
+    (tmp_path / "values.txt").write_text("2\n400\n")
+    runs = {}
+    for name in ("groups", "values"):
+        cfg = workload_from_dict(
+            {
+                "lengths": {"distribution": "empirical", "file": f"{name}.txt"},
+                "batch": {"groups": 1, "group_size": 8},
+                "trainer": {"step_time": 0.001, "per_token": 0.0},
+                "run": {"steps": 40},
+            },
+            base_dir=str(tmp_path),
+        )
+        runs[name] = simulate(cfg, "sync", 0, seed=0)
+    assert runs["groups"].throughput > 1.3 * runs["values"].throughput, runs

@@ -29,11 +29,12 @@ def test_scheduling_into_the_past_is_refused() -> None:
 
 
 def test_replica_finish_times_follow_the_step_time_model() -> None:
-    # step = 0.01 + 0.001 × active: two sequences of 10 and 20 tokens start together.
+    # step = 0.01 + 0.001 × active: two sequences of 11 and 21 tokens start together; the first
+    # token of each comes with its prefill (free here), the rest take 10 and 20 decode steps
     r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.001)
     r.advance(0.0)
-    r.join("short", 10)
-    r.join("long", 20)
+    r.join("short", 11)
+    r.join("long", 21)
     t1 = r.next_finish(0.0)
     assert t1 == pytest.approx(10 * 0.012)
     r.advance(t1)
@@ -42,8 +43,22 @@ def test_replica_finish_times_follow_the_step_time_model() -> None:
     assert t2 == pytest.approx(0.12 + 10 * 0.011)
     r.advance(t2)
     assert [s.owner for s in r.pop_finished()] == ["long"]
-    assert r.tokens == pytest.approx(30)
+    assert r.tokens == pytest.approx(30)  # decoded in steps
     assert r.next_finish(t2) is None
+
+
+def test_a_one_token_answer_is_done_when_its_prefill_ends() -> None:
+    # its token comes with the prefill: no decode step, and the other sequence's steps wait
+    r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.0, prefill=0.05)
+    r.advance(0.0)
+    long = r.join("long", 11)
+    r.join("one", 1)
+    t = r.next_finish(0.0)
+    assert t == pytest.approx(0.10)  # both prefills
+    r.advance(t)
+    assert [s.owner for s in r.pop_finished()] == ["one"]
+    assert (r.tokens, r.decoded(long)) == (0, 1)  # the long one has its prefill's token
+    assert r.next_finish(t) == pytest.approx(0.10 + 10 * 0.01)
 
 
 def test_cancel_returns_the_tokens_decoded_so_far() -> None:
@@ -51,7 +66,7 @@ def test_cancel_returns_the_tokens_decoded_so_far() -> None:
     r.advance(0.0)
     s = r.join("x", 100)
     r.advance(0.25)  # 25 steps
-    assert r.cancel(s) == pytest.approx(25)
+    assert r.cancel(s) == pytest.approx(26)  # the prefill's token, then one a step
     assert r.active == 0
     assert r.next_finish(0.25) is None
 
@@ -60,8 +75,8 @@ def test_a_full_batch_queues_and_each_join_pays_its_prefill() -> None:
     # one place in the batch, 0.05 s prefill per joining sequence, 0.01 s per step
     r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.0, prefill=0.05, max_batch=1)
     r.advance(0.0)
-    first = r.join("first", 10)
-    second = r.join("second", 10)
+    first = r.join("first", 11)  # the first token with the prefill, then 10 steps
+    second = r.join("second", 11)
     assert (r.active, r.waiting) == (1, 1) and second.waiting
     assert r.decoded(second) == 0
     t1 = r.next_finish(0.0)  # its prefill, then 10 steps
@@ -78,8 +93,8 @@ def test_a_full_batch_queues_and_each_join_pays_its_prefill() -> None:
 def test_a_stall_pauses_decoding_and_a_waiting_sequence_cancels_with_nothing_decoded() -> None:
     r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.0, max_batch=1)
     r.advance(0.0)
-    r.join("a", 10)
-    queued = r.join("b", 10)
+    r.join("a", 11)
+    queued = r.join("b", 11)
     r.stall(0.5)  # installing weights
     assert r.next_finish(0.0) == pytest.approx(0.6)
     r.advance(0.3)
@@ -115,22 +130,22 @@ def test_a_contended_trainer_slows_while_the_replicas_work_and_moves_its_end() -
 
 def test_a_step_costs_more_as_the_oldest_sequences_context_grows() -> None:
     # step = 0.01 + 0.001 × active × context, context = tokens the oldest active one decoded:
-    # alone, 10 tokens take ∫₀¹⁰ (0.01 + 0.001 x) dx = 0.15 s
+    # alone, 10 steps (11 tokens, one with the prefill) take ∫₀¹⁰ (0.01 + 0.001 x) dx = 0.15 s
     r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.0, per_ctx=0.001)
     r.advance(0.0)
-    r.join("old", 10)
+    r.join("old", 11)
     t = r.next_finish(0.0)
     assert t == pytest.approx(0.15)
     r.advance(0.078)  # 0.01 n + 0.0005 n² = 0.078: n = 6 steps
     assert r.progress == pytest.approx(6.0)
-    young = r.join("young", 10)  # joins at context 6: each step costs 0.002 × (6 + x) more
+    young = r.join("young", 11)  # joins at context 6: each step costs 0.002 × (6 + x) more
     assert r.next_finish(0.078) == pytest.approx(0.078 + 4 * 0.01 + 0.002 * (6 * 4 + 4 * 4 / 2))
     r.advance(r.next_finish(0.078) or 0.0)
     assert [s.owner for s in r.pop_finished()] == ["old"]
     # the old one left: the context is the young one's 4 tokens, not 10
     left = r.next_finish(r.last)
     assert left == pytest.approx(r.last + 6 * 0.01 + 0.001 * (4 * 6 + 6 * 6 / 2))
-    assert r.decoded(young) == pytest.approx(4.0)
+    assert r.decoded(young) == pytest.approx(5.0)  # the prefill's token and 4 steps
 
 
 @pytest.mark.parametrize(("budget", "passes"), [(None, 1), (19, 2), (20, 1)])
@@ -142,12 +157,12 @@ def test_with_cohorts_a_step_pays_its_fixed_cost_once_per_cohort(
     # keeps one cohort and 19 two; the 2 finish after 5 steps, and the first decodes alone again
     r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.001, cohort_padding=budget)
     r.advance(0.0)
-    r.join("old", 30)
+    r.join("old", 31)  # 30 decode steps: a token comes with each prefill
     t = 10 * 0.011
     r.advance(t)
     assert r.progress == pytest.approx(10.0)
-    r.join("young", 5)
-    r.join("young", 5)
+    r.join("young", 6)
+    r.join("young", 6)
     step = 0.01 * passes + 0.003
     t_young = r.next_finish(t)
     assert t_young == pytest.approx(t + 5 * step)
@@ -164,11 +179,11 @@ def test_with_cohorts_each_cohort_attends_its_own_width() -> None:
     # and each young one x (50 + 3 × 12.5 in all), not 3 × (10 + x) as in one padded batch
     r = Replica(0, max_slots=4, step_base=0.01, per_seq=0.0, per_ctx=0.001, cohort_padding=19)
     r.advance(0.0)
-    r.join("old", 30)
+    r.join("old", 31)  # 30 decode steps: a token comes with each prefill
     assert r.next_finish(0.0) == pytest.approx(30 * 0.01 + 0.001 * 30 * 30 / 2)
     t = 10 * 0.01 + 0.001 * 50
     r.advance(t)
     assert r.progress == pytest.approx(10.0)
-    r.join("young", 5)
-    r.join("young", 5)
+    r.join("young", 6)
+    r.join("young", 6)
     assert r.next_finish(t) == pytest.approx(t + 5 * 0.02 + 0.001 * (50 + 3 * 12.5))

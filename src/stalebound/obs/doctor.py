@@ -470,6 +470,11 @@ def _phase(s: _Step, t: float) -> str:
     return "between"
 
 
+_TRACE_ROUNDING_S = 1e-6
+"""A trace's times are rounded to the microsecond (:mod:`stalebound.obs.trace`): an episode that
+began as the trainer's wait did may be recorded a hair before it."""
+
+
 def _waited_for(s: _Step, episodes: _Episodes, t: float, gen: int, rew: int, bound: bool) -> str:
     """Why the trainer still waited at ``t`` for the batch of ``s``: for the episode that ended
     last before the batch was ready, its generation or its reward; before that episode began,
@@ -482,7 +487,12 @@ def _waited_for(s: _Step, episodes: _Episodes, t: float, gen: int, rew: int, bou
             return _executor(s)  # the batch was complete: the executor handed it over
         if t >= gen_end:
             return "reward wait"
-        return "admission bound" if bound and start >= s.wait_start else "generation"
+        # began once the trainer waited (the trace keeps times to the microsecond)
+        return (
+            "admission bound"
+            if bound and start >= s.wait_start - _TRACE_ROUNDING_S
+            else "generation"
+        )
     if gen:
         return "admission bound" if bound else "generation"
     return "reward wait" if rew else _executor(s)

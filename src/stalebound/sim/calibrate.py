@@ -6,7 +6,9 @@
 ``staleness.jsonl`` — and fits:
 
 * **lengths**, **tool latency**, **reward latency**: the recorded values, as empirical
-  distributions (files of values next to the workload file);
+  distributions (files of values next to the workload file); the lengths a group to a line, as
+  the trace recorded its groups (:func:`_groups`), since a prompt's answers are long or short
+  together and a group waits for its longest;
 * **the engine**: from what its decode steps cost as the embedded engine timed them
   (``engine-steps/``, :mod:`stalebound.engines.steplog`): the cost of a forward pass, of a row and
   of a cache position, and each request's admission (:func:`_fit_logged_engine`). A run without
@@ -67,6 +69,7 @@ from stalebound.sim.config import (
     WorkloadConfig,
     workload_from_dict,
 )
+from stalebound.sim.replay import id_key
 from stalebound.sim.simulator import POLICIES, SimResult, policy_spec, simulate
 
 __all__ = [
@@ -148,6 +151,8 @@ class Calibration:
     reward_latencies: tuple[float, ...]
     source: str = ""
     """The run directory it was fitted from."""
+    length_groups: tuple[tuple[float, ...], ...] = ()
+    """``lengths`` by the group they were generated in (:func:`_groups`); empty: each on its own."""
 
 
 # ----------------------------------------------------------------------------- reading
@@ -466,9 +471,10 @@ def _fit_engine(
 ) -> tuple[float, float, float, float, str]:
     """``engine.prefill``, ``step_base``, ``step_per_seq``, ``step_per_ctx`` and the fit's error.
 
-    The trace gives each episode's generation span and tokens; spreading the tokens evenly over
-    the span, each :data:`ENGINE_BIN_S` bin of the run gets the requests that joined, the tokens
-    generated, the mean batch decoding (at most ``max_batch`` per replica) and the longest live
+    The trace gives each episode's generation span and tokens; spreading the tokens decoded in
+    steps (all but the first of each turn, which comes with the turn's prefill) evenly over the
+    span, each :data:`ENGINE_BIN_S` bin of the run gets the requests that joined, the tokens
+    decoded, the mean batch decoding (at most ``max_batch`` per replica) and the longest live
     context (the tokens so far of the oldest request generating). Every active request gains one
     token per decode step, so a bin holds ``tokens ÷ batch`` steps, and its busy time is
     ``prefill × joins + step_base × steps + (step_per_seq + step_per_ctx × context) × tokens per
@@ -482,7 +488,8 @@ def _fit_engine(
 
     start = np.asarray([r.start for r in records], dtype=float)
     end = np.maximum(start + 1e-6, [_generation_end(r) for r in records])
-    tokens = np.asarray([r.tokens for r in records], dtype=float)
+    # each turn's first token comes with its prefill: the rest are decoded a step each
+    tokens = np.asarray([max(0, r.tokens - 1 - len(r.tool_latencies)) for r in records], float)
     t0 = float(start.min())
     cell = ENGINE_BIN_S / 50
     cells = int((float(end.max()) - t0) / cell) + 2
@@ -683,10 +690,34 @@ def _lengths(
         masses[-1] += surviving
     rng = random.Random(seed)
     drawn = []
-    for t in cuts:
+    for t in (float(r.tokens) for r in cut):  # in the trace's order: each stays with its group
         i = bisect.bisect_right(values, t)
         drawn.append(rng.choices(values[i:], masses[i:])[0] if sum(masses[i:]) > 0 else t)
     return (*(float(r.tokens) for r in done), *drawn), len(drawn)
+
+
+def _groups(
+    episodes: Sequence[TrajectoryRecord], lengths: Sequence[float], group_size: int
+) -> tuple[tuple[float, ...], ...]:
+    """``lengths`` (one per episode) by the group each episode was generated in, in launch order.
+    A trace that does not record groups (no ``group_id``, or written before traces recorded them:
+    each episode a group of its own) has its episodes put together by prompt, ``group_size`` at
+    a time in the order they started."""
+    by_group: dict[Any, list[tuple[int, float]]] = {}
+    for record, length in zip(episodes, lengths, strict=True):
+        by_group.setdefault(id_key(record.group_id), []).append((record.member, length))
+    unrecorded = None in by_group or all(len(members) == 1 for members in by_group.values())
+    if group_size > 1 and unrecorded:
+        by_prompt: dict[Any, list[float]] = {}
+        ordered = sorted(zip(episodes, lengths, strict=True), key=lambda e: e[0].start)
+        for record, length in ordered:
+            by_prompt.setdefault(id_key(record.prompt_id), []).append(length)
+        return tuple(
+            tuple(answers[i : i + group_size])
+            for answers in by_prompt.values()
+            for i in range(0, len(answers), group_size)
+        )
+    return tuple(tuple(length for _, length in sorted(m)) for m in by_group.values())
 
 
 def _relative(rms: float, values: Sequence[float]) -> str:
@@ -723,7 +754,9 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
         )
     fits: list[Fit] = []
 
-    lengths, cut = _lengths(done, [r for r in records if not r.complete and r.tokens > 0], seed)
+    unfinished = [r for r in records if not r.complete and r.tokens > 0]
+    lengths, cut = _lengths(done, unfinished, seed)
+    length_groups = _groups([*done, *unfinished], lengths, info.group_size)
     fits.append(
         Fit(
             "lengths",
@@ -858,7 +891,9 @@ def calibrate(run_dir: str | Path, *, seed: int = 0) -> Calibration:
         proactive=ProactiveConfig(),
         run=RunConfig(steps=len(rows)),
     )
-    cal = Calibration(workload, tuple(fits), info, lengths, tools, rewards, str(run_dir))
+    cal = Calibration(
+        workload, tuple(fits), info, lengths, tools, rewards, str(run_dir), length_groups
+    )
     share = statistics.fmean(overlap) / max(1e-9, statistics.fmean(training))
     return _close(cal, run_dir, seed, share)
 
@@ -948,17 +983,19 @@ def predict(
 
 
 def _write_values(cal: Calibration, folder: Path, prefix: str = "") -> dict[str, str]:
-    """Write the fitted value files into ``folder`` as ``<prefix><key>.txt``; returns each
-    written file's name by its key (a run without tool calls has no tool latencies)."""
+    """Write the fitted value files into ``folder`` as ``<prefix><key>.txt``, one value a line
+    (the lengths one group a line); returns each written file's name by its key (a run without
+    tool calls has no tool latencies)."""
     files = {}
-    for key, values in (
-        ("lengths", cal.lengths),
-        ("tool_latency", cal.tool_latencies),
-        ("reward_latency", cal.reward_latencies),
+    for key, rows in (
+        ("lengths", cal.length_groups or [(v,) for v in cal.lengths]),
+        ("tool_latency", [(v,) for v in cal.tool_latencies]),
+        ("reward_latency", [(v,) for v in cal.reward_latencies]),
     ):
-        if values:
+        if rows:
             name = f"{prefix}{key}.txt"
-            (folder / name).write_text("".join(f"{v:.6g}\n" for v in values), encoding="utf-8")
+            text = "".join(" ".join(f"{v:.6g}" for v in row) + "\n" for row in rows)
+            (folder / name).write_text(text, encoding="utf-8")
             files[key] = name
     return files
 

@@ -59,7 +59,9 @@ class DistributionConfig:
     * ``lognormal``: ``median`` and ``p99`` (p99 > median) fix μ and σ.
     * ``pareto``: ``minimum`` (the scale) and ``alpha`` (the tail index; α ≤ 2 has infinite variance).
     * ``empirical``: ``file``, a text file with one value per line (``#`` comments allowed),
-      sampled uniformly; a relative path is taken from the workload file's folder.
+      sampled uniformly; a relative path is taken from the workload file's folder. For ``lengths``
+      a line may hold one group's values (separated by spaces): each prompt then draws a line,
+      and its members take the line's values in turn.
     * ``fixed``: always ``value``.
 
     ``cap`` (optional) clips every sample, as a generation length limit does.

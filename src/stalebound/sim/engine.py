@@ -31,8 +31,10 @@ row) rather than every row × the oldest context. The cohorts change only when a
 or leaves, so between two events the step time stays linear in progress and the closed form
 holds.
 
-A sequence of 0 tokens (a wait modelled as a segment, like a reward) finishes at once, with no
-prefill.
+A sequence's first token comes with its prefill, as in a real engine (the prefill's logits give
+it): a sequence of ``tokens`` tokens takes ``tokens − 1`` decode steps, so a one-token answer
+finishes when its prefill ends. A sequence of 0 tokens (a wait modelled as a segment, like a
+reward) finishes at once, with no prefill.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Sequence:
         self.owner = owner
         self.start = start
         self.tokens = tokens
-        self.finish = start + tokens
+        self.finish = start + max(0, tokens - 1)  # the first token comes with the prefill
         self.cancelled = False
         self.waiting = False
         self.cohort: Cohort | None = None
@@ -200,7 +202,7 @@ class Replica:
     def _begin(self, s: Sequence) -> None:
         s.waiting = False
         s.start = self.progress
-        s.finish = s.start + s.tokens
+        s.finish = s.start + max(0, s.tokens - 1)  # the first token comes with the prefill
         if s.tokens:
             self.stall(self.prefill)
         self._seq += 1
@@ -222,7 +224,9 @@ class Replica:
 
     def decoded(self, s: Sequence) -> float:
         """Tokens ``s`` has decoded so far (call :meth:`advance` first)."""
-        return 0.0 if s.waiting else min(self.progress, s.finish) - s.start
+        if s.waiting or not s.tokens:
+            return 0.0
+        return 1.0 + min(self.progress, s.finish) - s.start  # the prefill's token, then a step's
 
     def cancel(self, s: Sequence) -> float:
         """Stop a sequence; returns the tokens it decoded. Call :meth:`advance` first."""
@@ -250,8 +254,8 @@ class Replica:
             return None
         remaining = heap[0][0] - self.progress
         start = max(now, self.stalled_until)
-        if remaining <= 0:
-            return now
+        if remaining <= 0:  # a one-token answer: done when its prefill (the stall) ends
+            return start
         return start + self._seconds_for(remaining)
 
     def pop_finished(self) -> list[Sequence]:

@@ -192,7 +192,7 @@ class EngineModel:
         done = []
         for s in r.pop_finished():
             m: Member = s.owner
-            m.tokens += s.finish - s.start
+            m.tokens += s.tokens
             m.seq = None
             m.seg += 1
             m.state = ENDING

@@ -17,7 +17,7 @@ from stalebound.core.errors import ConfigError
 from stalebound.obs.trace import TrajectoryRecord
 from stalebound.sim.workload import TrajectorySpec, split_turns
 
-__all__ = ["ReplaySource", "record_spec", "trace_means"]
+__all__ = ["ReplaySource", "id_key", "record_spec", "trace_means"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class ReplaySource:
             if not rec.complete:
                 skipped += 1
                 continue
-            prompts.setdefault(_hashable(rec.prompt_id), []).append(record_spec(rec))
+            prompts.setdefault(id_key(rec.prompt_id), []).append(record_spec(rec))
         if not prompts:
             raise ConfigError(
                 "replay: the trace holds no complete trajectory records; record a run whose "
@@ -82,5 +82,6 @@ def trace_means(records: list[TrajectoryRecord]) -> tuple[float, float, float]:
     return tokens, tools, failed
 
 
-def _hashable(value: Any) -> Any:
+def id_key(value: Any) -> Any:
+    """A trace's prompt or group id as a dict key (a list or mapping as its JSON text)."""
     return json.dumps(value, sort_keys=True) if isinstance(value, list | dict) else value

@@ -7,6 +7,9 @@ segment. A :class:`TrajectorySource` hands out specs by (prompt, attempt, member
 * :class:`SampledSource` draws them from the workload's distributions. Common random numbers: the
   first attempt of prompt k always gets the same N′ members, whatever the policy, because they are
   drawn from one stream in prompt order; relaunches and retries draw from a second stream.
+  Lengths from an ``empirical`` file of groups (several values on a line) are drawn a line per
+  prompt: its members take the line's values in turn, so a prompt's answers are long or short
+  together, as a real run's are.
 * :class:`stalebound.sim.replay.ReplaySource` reads them from a recorded trace.
 """
 
@@ -28,6 +31,7 @@ __all__ = [
     "TrajectorySource",
     "TrajectorySpec",
     "distribution_mean",
+    "group_sampler",
     "make_sampler",
 ]
 
@@ -64,29 +68,53 @@ def _lognormal_params(d: DistributionConfig) -> tuple[float, float]:
     return mu, (math.log(d.p99) - mu) / Z99
 
 
-def _read_values(d: DistributionConfig, base_dir: str) -> list[float]:
+def _read_rows(d: DistributionConfig, base_dir: str) -> list[tuple[float, ...]]:
+    """The file's lines, each as its values (one, or one group's, separated by spaces)."""
     path = Path(base_dir) / str(d.file)
-    values: list[float] = []
+    rows: list[tuple[float, ...]] = []
     lines = read_lines(path, label("file", d.file), fix=f"give a file of values ({path})")
     for number, line, _ in lines:
-        text = line.split("#", 1)[0].strip()
-        if not text:
-            continue
-        try:
-            x = float(text)
-        except ValueError:
-            raise ConfigError(
-                f"file={d.file!r} line {number}={text!r}: not a number; one value per line"
-            ) from None
-        if not 0 < x < math.inf:
-            raise ConfigError(
-                f"file={d.file!r} line {number}={x!r}: values must be finite and > 0; one "
-                "positive number per line"
-            )
-        values.append(x)
-    if not values:
+        row = []
+        for text in line.split("#", 1)[0].split():
+            try:
+                x = float(text)
+            except ValueError:
+                raise ConfigError(
+                    f"file={d.file!r} line {number}={text!r}: not a number; one value per line, "
+                    "or one group's values separated by spaces"
+                ) from None
+            if not 0 < x < math.inf:
+                raise ConfigError(
+                    f"file={d.file!r} line {number}={x!r}: values must be finite and > 0; "
+                    "positive numbers only"
+                )
+            row.append(x)
+        if row:
+            rows.append(tuple(row))
+    if not rows:
         raise ConfigError(f"file={d.file!r}: holds no values; one positive number per line")
-    return values
+    return rows
+
+
+def _read_values(d: DistributionConfig, base_dir: str) -> list[float]:
+    return [x for row in _read_rows(d, base_dir) for x in row]
+
+
+def group_sampler(
+    d: DistributionConfig, base_dir: str = "."
+) -> Callable[[random.Random], tuple[float, ...]] | None:
+    """For an ``empirical`` file whose lines hold several values (each line one prompt's group):
+    a function drawing one line, its values capped. ``None`` for any other distribution, and for
+    a file of one value per line (each value is then drawn on its own, :func:`make_sampler`)."""
+    if d.distribution != "empirical":
+        return None
+    rows = _read_rows(d, base_dir)
+    if all(len(row) == 1 for row in rows):
+        return None
+    cap = math.inf if d.cap is None else d.cap
+    rows = [tuple(min(cap, x) for x in row) for row in rows]
+    n = len(rows)
+    return lambda rng: rows[int(rng.random() * n)]
 
 
 def make_sampler(d: DistributionConfig, base_dir: str = ".") -> Sampler:
@@ -148,6 +176,8 @@ class SampledSource:
 
     def __init__(self, cfg: WorkloadConfig, seed: int, group_launch: int) -> None:
         self._length = make_sampler(cfg.lengths, cfg.base_dir)
+        self._groups = group_sampler(cfg.lengths, cfg.base_dir)
+        self._rows: dict[int, tuple[float, ...]] = {}  # each prompt's group of lengths, if any
         self._tool = make_sampler(cfg.agent.tool_latency, cfg.base_dir)
         reward = cfg.agent.reward_latency
         self._reward = None if reward is None else make_sampler(reward, cfg.base_dir)
@@ -164,7 +194,13 @@ class SampledSource:
         rng = self._first if first_draw else self._extra
         if first_draw and member == self._launch - 1:
             self._next_prompt = prompt + 1
-        tokens = round(self._length(rng))
+        if self._groups is None:
+            tokens = round(self._length(rng))
+        else:  # the prompt's group, drawn with its first member; the others take its next values
+            row = self._rows.get(prompt)
+            if row is None:
+                row = self._rows[prompt] = self._groups(rng)
+            tokens = round(row[(attempt * self._launch + member) % len(row)])
         if self._plain:  # no failures, one turn: the common case, kept short
             return TrajectorySpec((tokens if tokens > 1 else 1,), (), False)
         return self._draw(rng, max(1, tokens))
