@@ -24,7 +24,7 @@ from typing import Any
 
 from stalebound.core.errors import ConfigError
 from stalebound.obs.records import load_run
-from stalebound.obs.trace import TrajectoryRecord, read_run_trace, run_traces
+from stalebound.obs.trace import TrajectoryRecord, on_trace_clock, read_run_trace, run_traces
 
 __all__ = [
     "CAUSES",
@@ -293,8 +293,10 @@ def _steps(rows: Sequence[Mapping[str, Any]], run_dir: str) -> list[_Step]:
                 f"{', '.join(missing)}; the doctor reads the step timing stalebound train "
                 "records: give a run directory it wrote"
             )
-        wait_end = start + wait
-        end = wait_end + both
+        # on the trace's clock, so an episode that began as the trainer's wait did begins with it
+        start = on_trace_clock(start)
+        wait_end = on_trace_clock(start + wait)
+        end = on_trace_clock(wait_end + both)
         publish = row.get("publish_s")
         if not isinstance(publish, int | float):
             publish = max(0.0, float(row["step_and_publish_s"]) - float(row.get("step_time_s", 0)))
@@ -307,7 +309,7 @@ def _steps(rows: Sequence[Mapping[str, Any]], run_dir: str) -> list[_Step]:
             return any(float(row.get(n) or 0) > float(previous.get(n) or 0) for n in names)
 
         idle = row.get("engine_idle_fraction")
-        publish_start = max(wait_end, end - float(publish))
+        publish_start = on_trace_clock(max(wait_end, end - float(publish)))
         steps.append(
             _Step(
                 step=int(row["step"]),
@@ -470,11 +472,6 @@ def _phase(s: _Step, t: float) -> str:
     return "between"
 
 
-_TRACE_ROUNDING_S = 1e-6
-"""A trace's times are rounded to the microsecond (:mod:`stalebound.obs.trace`): an episode that
-began as the trainer's wait did may be recorded a hair before it."""
-
-
 def _waited_for(s: _Step, episodes: _Episodes, t: float, gen: int, rew: int, bound: bool) -> str:
     """Why the trainer still waited at ``t`` for the batch of ``s``: for the episode that ended
     last before the batch was ready, its generation or its reward; before that episode began,
@@ -487,12 +484,7 @@ def _waited_for(s: _Step, episodes: _Episodes, t: float, gen: int, rew: int, bou
             return _executor(s)  # the batch was complete: the executor handed it over
         if t >= gen_end:
             return "reward wait"
-        # began once the trainer waited (the trace keeps times to the microsecond)
-        return (
-            "admission bound"
-            if bound and start >= s.wait_start - _TRACE_ROUNDING_S
-            else "generation"
-        )
+        return "admission bound" if bound and start >= s.wait_start else "generation"
     if gen:
         return "admission bound" if bound else "generation"
     return "reward wait" if rew else _executor(s)

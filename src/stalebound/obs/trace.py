@@ -55,6 +55,7 @@ __all__ = [
     "TraceHeader",
     "TraceRecorder",
     "TrajectoryRecord",
+    "on_trace_clock",
     "read_run_trace",
     "read_trace",
     "read_trace_header",
@@ -97,6 +98,12 @@ class TraceHeader:
     created: str = ""
 
 
+def on_trace_clock(seconds: float) -> float:
+    """``seconds`` at the resolution a trace keeps its times: the microsecond. What compares a
+    run's other records with its trace puts them on it too, so equal moments compare equal."""
+    return round(seconds, 6)
+
+
 @dataclass(frozen=True, slots=True)
 class TrajectoryRecord:
     """One trajectory of a trace (see the module docstring for the fields)."""
@@ -120,10 +127,10 @@ class TrajectoryRecord:
             "prompt_id": self.prompt_id,
             "group_id": self.group_id,
             "member": self.member,
-            "start": round(self.start, 6),
-            "end": round(self.end, 6),
+            "start": on_trace_clock(self.start),
+            "end": on_trace_clock(self.end),
             "tokens": self.tokens,
-            "tool_latencies": [round(t, 6) for t in self.tool_latencies],
+            "tool_latencies": [on_trace_clock(t) for t in self.tool_latencies],
             "failed": self.failed,
             "version": self.version,
             "complete": self.complete,
@@ -131,7 +138,7 @@ class TrajectoryRecord:
         if self.outcome is not None:
             data["outcome"] = self.outcome
         if self.reward_latency:
-            data["reward_latency"] = round(self.reward_latency, 6)
+            data["reward_latency"] = on_trace_clock(self.reward_latency)
         return data
 
 
