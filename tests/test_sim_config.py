@@ -121,7 +121,7 @@ def test_an_empirical_file_of_groups_gives_each_prompt_one_line(tmp_path: Path) 
     cfg = workload_from_dict(
         {"lengths": {"distribution": "empirical", "file": "groups.txt"}}, base_dir=str(tmp_path)
     )
-    assert distribution_mean(cfg.lengths, cfg.base_dir) == 76 / 6
+    assert distribution_mean(cfg.lengths, cfg.base_dir, groups=True) == 76 / 6
     source = SampledSource(cfg, seed=1, group_launch=3)
     lines = [tuple(source.spec(p, 0, m).tokens for m in range(3)) for p in range(40)]
     assert set(lines) == {(2, 3, 50), (7, 7, 7)}  # both drawn, each whole and in member order
@@ -144,9 +144,16 @@ def test_a_bad_value_in_a_group_line_is_named(tmp_path: Path) -> None:
         {"lengths": {"distribution": "empirical", "file": "groups.txt"}}, base_dir=str(tmp_path)
     )
     with pytest.raises(ConfigError) as e:
-        distribution_mean(cfg.lengths, cfg.base_dir)
+        distribution_mean(cfg.lengths, cfg.base_dir, groups=True)
     assert "file='groups.txt' line 2='x': not a number; one value per line, or one group's " in (
         str(e.value)
+    )
+    # only the lengths take a group a line: a wait's file of them is refused, naming the line
+    with pytest.raises(ConfigError) as e:
+        distribution_mean(cfg.lengths, cfg.base_dir)
+    assert str(e.value) == (
+        "file='groups.txt' line 1='2 3': several values on one line; one value per line (only "
+        "lengths take one group's values a line)"
     )
 
 

@@ -55,7 +55,7 @@ def compute_bound(
     e = cfg.engine
     batch = min(e.max_concurrency, e.max_batch or e.max_concurrency)
     step = e.step_base + e.step_per_seq * batch
-    mean_l = distribution_mean(cfg.lengths, cfg.base_dir)
+    mean_l = distribution_mean(cfg.lengths, cfg.base_dir, groups=True)
     p = cfg.failures.rate if failure_rate is None else failure_rate
     if attempt_tokens is None:
         attempt_tokens = mean_l * (1 - p / 2)

@@ -68,8 +68,9 @@ def _lognormal_params(d: DistributionConfig) -> tuple[float, float]:
     return mu, (math.log(d.p99) - mu) / Z99
 
 
-def _read_rows(d: DistributionConfig, base_dir: str) -> list[tuple[float, ...]]:
-    """The file's lines, each as its values (one, or one group's, separated by spaces)."""
+def _read_rows(d: DistributionConfig, base_dir: str, groups: bool) -> list[tuple[float, ...]]:
+    """The file's lines, each as its values: one, or with ``groups`` (the lengths) one group's,
+    separated by spaces."""
     path = Path(base_dir) / str(d.file)
     rows: list[tuple[float, ...]] = []
     lines = read_lines(path, label("file", d.file), fix=f"give a file of values ({path})")
@@ -89,6 +90,11 @@ def _read_rows(d: DistributionConfig, base_dir: str) -> list[tuple[float, ...]]:
                     "positive numbers only"
                 )
             row.append(x)
+        if len(row) > 1 and not groups:
+            raise ConfigError(
+                f"file={d.file!r} line {number}={line.strip()!r}: several values on one line; "
+                "one value per line (only lengths take one group's values a line)"
+            )
         if row:
             rows.append(tuple(row))
     if not rows:
@@ -96,8 +102,8 @@ def _read_rows(d: DistributionConfig, base_dir: str) -> list[tuple[float, ...]]:
     return rows
 
 
-def _read_values(d: DistributionConfig, base_dir: str) -> list[float]:
-    return [x for row in _read_rows(d, base_dir) for x in row]
+def _read_values(d: DistributionConfig, base_dir: str, groups: bool) -> list[float]:
+    return [x for row in _read_rows(d, base_dir, groups) for x in row]
 
 
 def group_sampler(
@@ -108,7 +114,7 @@ def group_sampler(
     a file of one value per line (each value is then drawn on its own, :func:`make_sampler`)."""
     if d.distribution != "empirical":
         return None
-    rows = _read_rows(d, base_dir)
+    rows = _read_rows(d, base_dir, groups=True)
     if all(len(row) == 1 for row in rows):
         return None
     cap = math.inf if d.cap is None else d.cap
@@ -117,8 +123,10 @@ def group_sampler(
     return lambda rng: rows[int(rng.random() * n)]
 
 
-def make_sampler(d: DistributionConfig, base_dir: str = ".") -> Sampler:
-    """A function drawing one value of the distribution (capped) from a ``random.Random``."""
+def make_sampler(d: DistributionConfig, base_dir: str = ".", *, groups: bool = False) -> Sampler:
+    """A function drawing one value of the distribution (capped) from a ``random.Random``. With
+    ``groups`` (the lengths) an empirical file's lines may hold one group's values; they are
+    drawn one by one here (:func:`group_sampler` draws them a line at a time)."""
     cap = math.inf if d.cap is None else d.cap
     if d.distribution == "lognormal":
         mu, sigma = _lognormal_params(d)
@@ -130,7 +138,7 @@ def make_sampler(d: DistributionConfig, base_dir: str = ".") -> Sampler:
     if d.distribution == "fixed":
         value = min(cap, d.value)
         return lambda rng: value
-    values = [min(cap, x) for x in _read_values(d, base_dir)]
+    values = [min(cap, x) for x in _read_values(d, base_dir, groups)]
     n = len(values)
     return lambda rng: values[int(rng.random() * n)]
 
@@ -139,8 +147,9 @@ def _phi(x: float) -> float:
     return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
 
 
-def distribution_mean(d: DistributionConfig, base_dir: str = ".") -> float:
-    """The exact mean of the capped distribution (``inf`` for an uncapped Pareto with α ≤ 1)."""
+def distribution_mean(d: DistributionConfig, base_dir: str = ".", *, groups: bool = False) -> float:
+    """The exact mean of the capped distribution (``inf`` for an uncapped Pareto with α ≤ 1);
+    ``groups`` as for :func:`make_sampler`."""
     cap = math.inf if d.cap is None else d.cap
     if d.distribution == "lognormal":
         mu, sigma = _lognormal_params(d)
@@ -160,7 +169,7 @@ def distribution_mean(d: DistributionConfig, base_dir: str = ".") -> float:
         return float(m + m**a * (cap ** (1 - a) - m ** (1 - a)) / (1 - a))
     if d.distribution == "fixed":
         return min(cap, d.value)
-    values = [min(cap, x) for x in _read_values(d, base_dir)]
+    values = [min(cap, x) for x in _read_values(d, base_dir, groups)]
     return sum(values) / len(values)
 
 
@@ -175,7 +184,7 @@ class SampledSource:
     """Specs drawn from a workload's distributions, seeded (see the module docstring)."""
 
     def __init__(self, cfg: WorkloadConfig, seed: int, group_launch: int) -> None:
-        self._length = make_sampler(cfg.lengths, cfg.base_dir)
+        self._length = make_sampler(cfg.lengths, cfg.base_dir, groups=True)
         self._groups = group_sampler(cfg.lengths, cfg.base_dir)
         self._rows: dict[int, tuple[float, ...]] = {}  # each prompt's group of lengths, if any
         self._tool = make_sampler(cfg.agent.tool_latency, cfg.base_dir)
