@@ -29,10 +29,29 @@ def test_reference_preset_matches_the_documented_cluster() -> None:
 def test_reference_bound_is_the_training_limit() -> None:
     b = compute_bound(load_preset("reference"))
     assert b.training == pytest.approx(256 / 15)
-    # 2048 slots at 32.8 ms a step, over the capped lognormal mean (about 3,240 tokens)
+    # 2048 slots at 32.8 ms a step, over the capped lognormal mean (about 3,240 tokens) less the
+    # first, which comes with the prefill
     assert b.mean_length == pytest.approx(3240, rel=0.01)
-    assert b.generation == pytest.approx(2048 / (b.mean_length * 0.0328))
+    assert b.generation == pytest.approx(2048 / ((b.mean_length - 1) * 0.0328))
     assert b.value == b.training
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 3, 50])
+def test_the_bound_holds_for_answers_of_a_few_tokens(tokens: int) -> None:
+    # an answer of n tokens decodes n − 1 steps (the first comes with its prefill): a bound that
+    # charged n steps was beaten twofold by 2-token answers
+    from stalebound.sim.simulator import simulate
+
+    cfg = workload_from_dict(
+        {
+            "lengths": {"distribution": "fixed", "value": tokens},
+            "engine": {"replicas": 1, "max_concurrency": 64, "step_base": 0.01, "step_per_seq": 0},
+            "batch": {"groups": 4, "group_size": 8},
+            "trainer": {"step_time": 0.001, "per_token": 0.0},
+            "run": {"steps": 30},
+        }
+    )
+    assert simulate(cfg, "capacity", 4, seed=0).efficiency <= 1.05  # the window edges add a little
 
 
 def test_unknown_keys_and_bad_values_are_all_reported(tmp_path: Path) -> None:

@@ -229,8 +229,14 @@ def run_simulations(
     bound = None
     if replay:
         _, records = read_trace(replay)
-        tokens, tool, failed = trace_means(records)
-        bound = compute_bound(cfg, attempt_tokens=tokens, attempt_tool=tool, failure_rate=failed)
+        tokens, decoded, tool, failed = trace_means(records)
+        bound = compute_bound(
+            cfg,
+            attempt_tokens=tokens,
+            attempt_steps=decoded,
+            attempt_tool=tool,
+            failure_rate=failed,
+        )
     pairs: list[tuple[str, int, int | None]] = []
     for policy in dict.fromkeys(policies):
         spec = policy_spec(policy)

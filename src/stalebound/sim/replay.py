@@ -70,16 +70,19 @@ class ReplaySource:
         return specs[(attempt * self._launch + member) % len(specs)]
 
 
-def trace_means(records: list[TrajectoryRecord]) -> tuple[float, float, float]:
-    """Per attempt over the complete records: mean tokens, mean tool seconds, failure rate."""
+def trace_means(records: list[TrajectoryRecord]) -> tuple[float, float, float, float]:
+    """Per attempt over the complete records: mean tokens, mean decode steps (a turn's first
+    token comes with its prefill, :func:`record_spec`'s turns), mean tool seconds, failure
+    rate."""
     done = [r for r in records if r.complete]
     if not done:
         raise ConfigError("replay: the trace holds no complete trajectory records")
     n = len(done)
     tokens = sum(r.tokens for r in done) / n
+    steps = sum(max(0, r.tokens - 1 - len(r.tool_latencies)) for r in done) / n
     tools = sum(sum(r.tool_latencies) for r in done) / n
     failed = sum(r.failed for r in done) / n
-    return tokens, tools, failed
+    return tokens, steps, tools, failed
 
 
 def id_key(value: Any) -> Any:

@@ -26,8 +26,11 @@ class Bound:
     """The physical limit in trajectories per second: min(generation, training) capacity.
 
     ``generation`` = engine slots ÷ slot-seconds per usable trajectory, at full concurrency C per
-    replica: ``R·C ÷ ((E[tokens per attempt]·(a + b·C) + E[tool seconds per attempt]) ÷ (1 − p))``
-    with p the failure rate (a failed attempt stops at a uniform point, E[tokens] = E[L]·(1 − p/2)).
+    replica: ``R·C ÷ ((E[decode steps per attempt]·(a + b·C) + E[tool seconds per attempt]) ÷
+    (1 − p))`` with p the failure rate (a failed attempt stops at a uniform point, E[tokens] =
+    E[L]·(1 − p/2)). Each turn's first token comes with its prefill, whose cost the bound leaves
+    out, so an attempt decodes at least E[tokens] − turns steps (the replica model,
+    :mod:`stalebound.sim.engine`).
     ``training`` = ``B·N ÷ (step_time + per_token·B·N·E[L])``. Redundancy, drops and filters only
     lower what a policy achieves, never the bound.
     """
@@ -47,11 +50,13 @@ def compute_bound(
     cfg: WorkloadConfig,
     *,
     attempt_tokens: float | None = None,
+    attempt_steps: float | None = None,
     attempt_tool: float | None = None,
     failure_rate: float | None = None,
 ) -> Bound:
     """The :class:`Bound` of a workload. A replayed trace supplies its own per-attempt means
-    (tokens, tool seconds) and failure rate in place of the workload's distributions."""
+    (tokens, decode steps, tool seconds) and failure rate in place of the workload's
+    distributions."""
     e = cfg.engine
     batch = min(e.max_concurrency, e.max_batch or e.max_concurrency)
     step = e.step_base + e.step_per_seq * batch
@@ -66,9 +71,11 @@ def compute_bound(
         if cfg.agent.turns > 1:
             tool_mean = distribution_mean(cfg.agent.tool_latency, cfg.base_dir)
             attempt_tool = (cfg.agent.turns - 1) * tool_mean
+    if attempt_steps is None:  # a turn's tokens past its first, one a step
+        attempt_steps = max(0.0, attempt_tokens - cfg.agent.turns)
     slots = e.replicas * batch
-    per_success = (attempt_tokens * step + attempt_tool) / (1 - p) if p < 1 else math.inf
-    generation = slots / per_success
+    per_success = (attempt_steps * step + attempt_tool) / (1 - p) if p < 1 else math.inf
+    generation = slots / per_success if per_success > 0 else math.inf
     traj = cfg.batch.groups * cfg.batch.group_size
     training = traj / (cfg.trainer.step_time + cfg.trainer.per_token * traj * mean_l)
     return Bound(generation, training, mean_l, slots / step)
