@@ -103,6 +103,7 @@ def test_bench_longtail_runs_sync_beside_a_policy_with_the_data_audit_columns(
         assert r["audit_ks"] == audit["ks"] and 0 <= r["audit_ks"] <= 1
         assert r["audit_never_trained_fraction"] == audit["never_trained_fraction"]
         assert r["audit_worst_share_ratio"] == audit["worst_share_ratio"]
+        assert r["audit_steps_to_target_offered_mix"] == audit["steps_to_target_offered_mix"]
     # synchronous training ends nothing untrained: every decided prompt is trained
     assert runs[0]["audit_never_trained_fraction"] == 0.0
 

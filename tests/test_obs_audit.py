@@ -18,7 +18,9 @@ from stalebound.obs.audit import (
     bucket_of,
     data_audit,
     ks_distance,
+    target_line,
 )
+from stalebound.obs.records import first_at_target, reached_target, steps_to_target
 from stalebound.obs.trace import TraceHeader, TraceRecorder, TrajectoryRecord
 from stalebound.tasks.episode import Sample
 
@@ -132,3 +134,62 @@ def test_audit_data_refuses_a_directory_without_a_ledger(
         f"stalebound audit: run_dir={str(tmp_path)!r}: holds no ledger.jsonl; give the directory "
         "of a run written by stalebound train\n"
     )
+
+
+def test_a_step_that_trains_the_easy_prompts_first_is_weighed_at_the_offered_mix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Four easy and four hard prompts offered; step 1 trains three easy and one hard, step 2
+    the rest. As trained, step 1's reward (0.6) already reaches the target 0.5; at the offered
+    mix (half easy, half hard) it is 0.4, and the target waits for step 2."""
+    log = ItemLog(tmp_path, lambda s: len(s.answer))
+    samples = [Sample(str(i), "copy", "a" * n) for i, n in enumerate([1] * 4 + [8] * 4)]
+    list(OfferedLoader(samples, log))
+
+    def traj(reward: float) -> SimpleNamespace:
+        return SimpleNamespace(loss_mask=None, output_ids=[0, 0], reward=reward, truncated=False)
+
+    log.trained(1, [(0, traj(0.8)), (1, traj(0.8)), (2, traj(0.8)), (4, traj(0.0))])
+    log.trained(2, [(3, traj(1.0)), (5, traj(0.4)), (6, traj(0.4)), (7, traj(0.4))])
+    log.close()
+    ledger = [
+        {"step": 1, "trained": [0, 1, 2, 4], "ended": {}},
+        {"step": 2, "trained": [3, 5, 6, 7], "ended": {}},
+    ]
+    (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ledger))
+    with TraceRecorder(tmp_path / "trace.jsonl", TraceHeader(source="runtime")) as rec:
+        rec.record(TrajectoryRecord("p", 0, 0, 0.0, 1.0, 2))
+    audit = data_audit(tmp_path)
+    assert audit.target_reward is None and audit.steps_to_target is None
+    assert target_line(audit) is None
+
+    (tmp_path / "config.yaml").write_text("run:\n  target_reward: 0.5\n")
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward_mean": r}) + "\n" for s, r in ((1, 0.6), (2, 0.55)))
+    )
+    audit = data_audit(tmp_path)
+    assert [
+        (s, pytest.approx(raw), pytest.approx(mix)) for s, raw, mix in audit.reward_by_step
+    ] == [
+        (1, 0.6, 0.4),
+        (2, 0.55, 0.7),
+    ]
+    assert (audit.target_reward, audit.steps_to_target, audit.steps_to_target_offered_mix) == (
+        0.5,
+        1,
+        2,
+    )
+    assert audit.steps_to_target == steps_to_target(tmp_path)  # the metrics' reward agrees
+    assert audit.to_json()["reward_by_step"][1][0] == 2
+    assert main(["audit", "--data", str(tmp_path)]) == 0
+    assert (
+        "target reward 0.5 (the mean of 5 steps): step 1 as trained, step 2 at the offered mix"
+        in capsys.readouterr().out
+    )
+
+
+def test_the_target_is_reached_by_the_mean_of_the_last_five_steps() -> None:
+    assert first_at_target([0.1, 0.9, 0.9], 0.6) == 3  # 0.1, 0.5, then 0.63
+    assert first_at_target([0, 0, 0, 0, 0, 1, 1, 1, 1, 1], 0.8) == 9  # the window, not all
+    assert first_at_target([0.1, 0.2], 0.5) is None
+    assert reached_target([0.7], 0.7) and not reached_target([], 0.0)

@@ -20,6 +20,13 @@ trained, and each bucket's share of the trained items against its share of the d
 the prompts never trained, as nothing was decided about them yet). Over
 the whole run: the Kolmogorov–Smirnov distance between the lengths of the episodes generated to
 their end and of the trajectories trained, and the mean trained length step by step.
+
+Step by step, too, the training reward as trained and at the offered mix: each bucket's mean
+reward in the step weighted by the bucket's offered share. A policy that trains the answers that
+finish first trains more easy prompts than were offered early and more hard ones when its
+stragglers arrive, and its training reward moves with that mix; at the offered mix it does not.
+The steps each took to the run's ``run.target_reward``
+(:func:`~stalebound.obs.records.reached_target`) are given both ways.
 """
 
 from __future__ import annotations
@@ -34,7 +41,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from stalebound.core.errors import ConfigError
-from stalebound.obs.records import LEDGER_FILE, read_jsonl
+from stalebound.obs.records import (
+    LEDGER_FILE,
+    TARGET_WINDOW,
+    first_at_target,
+    read_jsonl,
+    target_reward,
+)
 from stalebound.obs.trace import read_run_trace
 
 __all__ = [
@@ -50,6 +63,7 @@ __all__ = [
     "ks_distance",
     "plot_data_audit",
     "print_data_audit",
+    "target_line",
 ]
 
 ITEMS_FILE = "items.jsonl"
@@ -201,6 +215,15 @@ class DataAudit:
     buckets: list[BucketAudit]
     length_by_step: list[tuple[int, float]]
     """The mean response length of each step's trained trajectories."""
+    reward_by_step: list[tuple[int, float, float]] = field(default_factory=list)
+    """Each step's mean trained reward, and the same at the offered mix: the mean reward of
+    each bucket the step trained, weighted by the bucket's ``offered_share``."""
+    target_reward: float | None = None
+    """The run's ``run.target_reward`` (``None`` when its ``config.yaml`` has none)."""
+    steps_to_target: int | None = None
+    """The step at which the trained reward reached ``target_reward`` (``None``: never)."""
+    steps_to_target_offered_mix: int | None = None
+    """The same for the reward at the offered mix."""
 
     @property
     def never_trained_fraction(self) -> float | None:
@@ -210,6 +233,7 @@ class DataAudit:
         data = asdict(self)
         data["never_trained_fraction"] = self.never_trained_fraction
         data["length_by_step"] = [list(p) for p in self.length_by_step]
+        data["reward_by_step"] = [list(p) for p in self.reward_by_step]
         return data
 
 
@@ -285,6 +309,8 @@ def data_audit(run_dir: str | Path) -> DataAudit:
         b.trained_share = b.trained / total_trained if total_trained else 0.0
         if total_trained and b.offered_share:
             b.share_ratio = b.trained_share / b.offered_share
+    reward_by_step = _reward_by_step(rows, bucket)
+    target = target_reward(root)
     ratios = [
         b.share_ratio
         for b in by_bucket.values()
@@ -307,7 +333,45 @@ def data_audit(run_dir: str | Path) -> DataAudit:
         worst_share_ratio=min(ratios, default=None),
         buckets=sorted(by_bucket.values(), key=lambda b: _bucket_key(b.bucket)),
         length_by_step=by_step,
+        reward_by_step=reward_by_step,
+        target_reward=target,
+        steps_to_target=_steps_to(target, reward_by_step, 1),
+        steps_to_target_offered_mix=_steps_to(target, reward_by_step, 2),
     )
+
+
+def _reward_by_step(
+    rows: Mapping[int, list[list[Any]]], bucket: Callable[[int], BucketAudit]
+) -> list[tuple[int, float, float]]:
+    """Each step's mean trained reward and its reward at the offered mix (``DataAudit``)."""
+    out = []
+    for step in sorted(rows):
+        per: dict[str, tuple[BucketAudit, list[float]]] = {}
+        for item, _tokens, reward, _truncated in rows[step]:
+            b = bucket(int(item))
+            per.setdefault(b.bucket, (b, []))[1].append(float(reward))
+        if not per:
+            continue
+        raw = sum(sum(r) for _, r in per.values()) / sum(len(r) for _, r in per.values())
+        total = sum(b.offered_share for b, _ in per.values())
+        mix = (
+            sum(b.offered_share * sum(r) / len(r) for b, r in per.values()) / total
+            if total
+            else raw
+        )
+        out.append((step, raw, mix))
+    return out
+
+
+def _steps_to(
+    target: float | None, rewards: Sequence[tuple[int, float, float]], column: int
+) -> int | None:
+    """The step at which ``rewards``' ``column`` (1: as trained, 2: at the offered mix) reached
+    ``target``."""
+    if target is None:
+        return None
+    at = first_at_target([r[column] for r in rewards], target)
+    return None if at is None else rewards[at - 1][0]
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -378,17 +442,34 @@ def audit_table(audit: DataAudit) -> Any:
     return t
 
 
+def target_line(audit: DataAudit) -> str | None:
+    """The steps the run's training reward took to its target, as trained and at the offered
+    mix; ``None`` for a run with no target."""
+    if audit.target_reward is None or not audit.reward_by_step:
+        return None
+
+    def at(step: int | None) -> str:
+        return "not reached" if step is None else f"step {step}"
+
+    return (
+        f"target reward {audit.target_reward:g} (the mean of {TARGET_WINDOW} steps): "
+        f"{at(audit.steps_to_target)} as trained, {at(audit.steps_to_target_offered_mix)} at "
+        "the offered mix (each bucket's reward in a step weighted by its offered share)"
+    )
+
+
 def plot_data_audit(
     run_dir: str | Path, audit: DataAudit, out_dir: str | Path | None = None
 ) -> Path:
-    """Draw ``data_audit.png``: each bucket's share of the offered and of the trained items, and
-    the mean trained response length step by step."""
+    """Draw ``data_audit.png``: each bucket's share of the offered and of the trained items, the
+    mean trained response length step by step, and the training reward as trained and at the
+    offered mix."""
     from matplotlib.figure import Figure
 
     out = Path(run_dir if out_dir is None else out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    fig = Figure(figsize=(11, 4))
-    shares, lengths = fig.subplots(1, 2)
+    fig = Figure(figsize=(16, 4))
+    shares, lengths, rewards = fig.subplots(1, 3)
     names = [b.bucket for b in audit.buckets]
     xs = list(range(len(names)))
     shares.bar(
@@ -401,18 +482,44 @@ def plot_data_audit(
     shares.set_xlabel("difficulty (reference answer length)")
     shares.set_ylabel("share of items")
     shares.legend()
-    if audit.length_by_step:
-        steps, means = zip(*audit.length_by_step, strict=True)
-        lengths.plot(steps, means, marker=".", label="trained")
-        if audit.generated_tokens_mean is not None:
-            lengths.axhline(audit.generated_tokens_mean, ls="--", c="grey", label="generated")
-        lengths.legend()
-    lengths.set_xlabel("step")
-    lengths.set_ylabel("mean response tokens")
+    _by_step(
+        lengths,
+        {"trained": audit.length_by_step},
+        ("generated", audit.generated_tokens_mean),
+        "mean response tokens",
+    )
+    _by_step(
+        rewards,
+        {
+            "as trained": [(step, raw) for step, raw, _ in audit.reward_by_step],
+            "at the offered mix": [(step, mix) for step, _, mix in audit.reward_by_step],
+        },
+        ("target", audit.target_reward),
+        "training reward",
+    )
     fig.tight_layout()
     path = out / DATA_AUDIT_PNG
     fig.savefig(path)
     return path
+
+
+def _by_step(
+    ax: Any,
+    curves: Mapping[str, Sequence[tuple[int, float]]],
+    level: tuple[str, float | None],
+    ylabel: str,
+) -> None:
+    """One panel of ``data_audit.png``: ``curves`` over the steps and a dashed ``level``."""
+    for label, points in curves.items():
+        if points:
+            steps, values = zip(*points, strict=True)
+            ax.plot(steps, values, marker=".", label=label)
+    if level[1] is not None and any(curves.values()):
+        ax.axhline(level[1], ls="--", c="grey", label=level[0])
+    if any(curves.values()):
+        ax.legend()
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
 
 
 def print_data_audit(run_dir: str | Path) -> int:
@@ -429,6 +536,9 @@ def print_data_audit(run_dir: str | Path) -> int:
     audit = data_audit(run_dir)
     console = Console(width=160)
     console.print(audit_table(audit))
+    line = target_line(audit)
+    if line is not None:
+        console.print(line, highlight=False)
     try:
         path = plot_data_audit(run_dir, audit)
     except ImportError as exc:

@@ -22,10 +22,12 @@ import json
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from stalebound.core import EntryState, ProtocolError
 from stalebound.core.checks import is_integral
@@ -40,6 +42,7 @@ __all__ = [
     "METRICS_FILE",
     "RESERVED_KEYS",
     "STALENESS_FILE",
+    "TARGET_WINDOW",
     "BufferRow",
     "BufferSample",
     "MetricSummary",
@@ -48,11 +51,15 @@ __all__ = [
     "StalenessHistogram",
     "StepMetrics",
     "buffer_rows",
+    "first_at_target",
     "load_run",
     "numbered_jsonl",
+    "reached_target",
     "read_jsonl",
     "step_problems",
+    "steps_to_target",
     "summarize",
+    "target_reward",
     "time_problems",
 ]
 
@@ -71,6 +78,10 @@ RESERVED_KEYS = frozenset({"step", "version", "wall_time", "timestamp"})
 """Record fields the logger fills in itself; step metrics may not use these names."""
 
 STATE_NAMES = ("PENDING", "STUCK", "READY_WITH_CAPACITY", "READY")
+
+TARGET_WINDOW = 5
+"""A run reaches its ``run.target_reward`` at the first step where the mean reward of its last
+``TARGET_WINDOW`` steps (all of them, before that many) is at least the target."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +269,49 @@ class RunData:
         for rec in self.staleness:
             hist.add({int(k): int(n) for k, n in rec["counts"].items()})
         return hist
+
+
+def reached_target(rewards: Sequence[float], target: float) -> bool:
+    """Whether the mean of the last :data:`TARGET_WINDOW` of ``rewards`` is at least ``target``."""
+    recent = rewards[-TARGET_WINDOW:]
+    return bool(recent) and sum(recent) / len(recent) >= target
+
+
+def first_at_target(rewards: Iterable[float], target: float) -> int | None:
+    """The step (1-based) at which ``rewards``, one per step, first :func:`reached_target`;
+    ``None`` when they never did."""
+    seen: list[float] = []
+    for reward in rewards:
+        seen.append(reward)
+        if reached_target(seen, target):
+            return len(seen)
+    return None
+
+
+def target_reward(run_dir: str | Path) -> float | None:
+    """The run's ``run.target_reward`` (its ``config.yaml``); ``None`` when it has none."""
+    try:
+        cfg = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+        value = cfg["run"]["target_reward"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def steps_to_target(run_dir: str | Path) -> int | None:
+    """The step at which the run's training reward (``reward_mean`` in ``metrics.jsonl``) reached
+    its ``run.target_reward`` (:func:`reached_target`); ``None`` when it never did (or has no
+    target, or a step without a reward)."""
+    target = target_reward(run_dir)
+    if target is None:
+        return None
+    rewards: list[float] = []
+    for row in read_jsonl(Path(run_dir) / METRICS_FILE):
+        reward = row.get("reward_mean")
+        if not isinstance(reward, (int, float)):
+            break
+        rewards.append(float(reward))
+    return first_at_target(rewards, target)
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:

@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from stalebound.core.errors import ConfigError
-from stalebound.obs.records import METRICS_FILE, read_jsonl
+from stalebound.obs.records import TARGET_WINDOW, steps_to_target, target_reward
 from stalebound.sim.calibrate import Calibration, deadline_spec, write_workload
 from stalebound.sim.config import WorkloadConfig, load_workload
 from stalebound.sim.policies import coordinator_settings, policy_spec
@@ -83,10 +80,6 @@ staler data."""
 MIN_STEPS = 20
 """The fewest training steps each setting is simulated for (a shorter run's warm-up would weigh
 on its time per step)."""
-
-TARGET_WINDOW = 5
-"""A run reaches its target when the mean reward of its last this many steps does (as
-``stalebound train`` measures its time to target)."""
 
 
 @dataclass(frozen=True)
@@ -231,33 +224,6 @@ def check_limits(
         problems.append(f"objective={objective!r}: use one of {', '.join(OBJECTIVES)}")
     if problems:
         raise ConfigError(problems)
-
-
-def target_reward(run_dir: str | Path) -> float | None:
-    """The run's ``run.target_reward`` (its ``config.yaml``); ``None`` when it has none."""
-    try:
-        cfg = yaml.safe_load((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
-        value = cfg["run"]["target_reward"]
-    except (OSError, KeyError, TypeError, yaml.YAMLError):
-        return None
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def steps_to_target(run_dir: str | Path) -> int | None:
-    """The first step at which the mean reward of the run's last :data:`TARGET_WINDOW` steps
-    reached its ``run.target_reward``; ``None`` when it never did (or has no target or reward)."""
-    target = target_reward(run_dir)
-    if target is None:
-        return None
-    rewards: list[float] = []
-    for step, row in enumerate(read_jsonl(Path(run_dir) / METRICS_FILE), 1):
-        reward = row.get("reward_mean")
-        if not isinstance(reward, (int, float)):
-            return None
-        rewards.append(float(reward))
-        if statistics.fmean(rewards[-TARGET_WINDOW:]) >= target:
-            return step
-    return None
 
 
 def _first_stage(cal: Calibration, policies: Sequence[str], bounds: Sequence[int]) -> list[Setting]:

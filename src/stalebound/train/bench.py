@@ -133,6 +133,7 @@ def run_figures(run_dir: Path) -> dict[str, float | None]:
         "audit_ks": audit.ks,
         "audit_worst_share_ratio": audit.worst_share_ratio,
         "audit_never_trained_fraction": audit.never_trained_fraction,
+        "audit_steps_to_target_offered_mix": audit.steps_to_target_offered_mix,
         "mean_staleness": data.staleness_histogram().mean,
         "truncated_fraction": (
             float(last.get("truncated_trajectories", 0.0)) / trajectories if trajectories else 0.0

@@ -53,7 +53,7 @@ from stalebound.obs.live import LiveView, phase, summary_table
 from stalebound.obs.loggers import open_loggers
 from stalebound.obs.metrics import RunLogger
 from stalebound.obs.plots import plot_run
-from stalebound.obs.records import BufferRow, buffer_rows
+from stalebound.obs.records import BufferRow, buffer_rows, reached_target
 from stalebound.obs.trace import (
     TRACE_FILE,
     TraceHeader,
@@ -529,8 +529,7 @@ class TrainRecipe:
             metrics = {k: v for k, v in stats.as_dict().items() if k not in ("version", "step")}
             rewards = progress.rewards
             rewards.append(metrics.get("reward_mean", 0.0))
-            recent = rewards[-5:]
-            reached = sum(recent) / len(recent) >= cfg.run.target_reward
+            reached = reached_target(rewards, cfg.run.target_reward)
             if progress.time_to_target is None and reached:
                 progress.time_to_target = elapsed
             es, rows = self._sampled  # at most 0.25 s old
