@@ -609,6 +609,9 @@ def test_the_lengths_keep_the_groups_the_trace_recorded() -> None:
         ]
         lines = _groups(episodes, [4.0, 9.0, 2.0, 3.0], group_size=2)
         assert lines == ((9.0,), (2.0, 3.0), (4.0,))
+        # groups of one: each episode a line of its own, never one line of all of them
+        lines = _groups(episodes, [4.0, 9.0, 2.0, 3.0], group_size=1)
+        assert lines == ((9.0,), (2.0,), (3.0,), (4.0,))
 
 
 def test_the_calibrated_lengths_are_written_a_group_to_a_line(

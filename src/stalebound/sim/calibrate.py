@@ -702,12 +702,12 @@ def _groups(
     """``lengths`` (one per episode) by the group each episode was generated in, in launch order.
     A trace that does not record groups (no ``group_id``, or written before traces recorded them:
     each episode a group of its own) has its episodes put together by prompt, ``group_size`` at
-    a time in the order they started."""
+    a time in the order they started (one to a line at ``group_size`` 1)."""
     by_group: dict[Any, list[tuple[int, float]]] = {}
     for record, length in zip(episodes, lengths, strict=True):
         by_group.setdefault(id_key(record.group_id), []).append((record.member, length))
     unrecorded = None in by_group or all(len(members) == 1 for members in by_group.values())
-    if group_size > 1 and unrecorded:
+    if unrecorded:
         by_prompt: dict[Any, list[float]] = {}
         ordered = sorted(zip(episodes, lengths, strict=True), key=lambda e: e[0].start)
         for record, length in ordered:
@@ -715,7 +715,7 @@ def _groups(
         return tuple(
             tuple(answers[i : i + group_size])
             for answers in by_prompt.values()
-            for i in range(0, len(answers), group_size)
+            for i in range(0, len(answers), max(1, group_size))
         )
     return tuple(tuple(length for _, length in sorted(m)) for m in by_group.values())
 
