@@ -69,7 +69,7 @@ from stalebound.sim.config import (
     WorkloadConfig,
     workload_from_dict,
 )
-from stalebound.sim.replay import id_key
+from stalebound.sim.replay import decode_steps, id_key
 from stalebound.sim.simulator import POLICIES, SimResult, policy_spec, simulate
 
 __all__ = [
@@ -488,8 +488,7 @@ def _fit_engine(
 
     start = np.asarray([r.start for r in records], dtype=float)
     end = np.maximum(start + 1e-6, [_generation_end(r) for r in records])
-    # each turn's first token comes with its prefill: the rest are decoded a step each
-    tokens = np.asarray([max(0, r.tokens - 1 - len(r.tool_latencies)) for r in records], float)
+    tokens = np.asarray([decode_steps(r) for r in records], dtype=float)
     t0 = float(start.min())
     cell = ENGINE_BIN_S / 50
     cells = int((float(end.max()) - t0) / cell) + 2

@@ -56,13 +56,14 @@ class Sequence:
     A sequence waiting for a batch place has ``waiting`` set; ``start`` and ``finish`` are set
     when it joins the batch."""
 
-    __slots__ = ("cancelled", "cohort", "finish", "owner", "start", "tokens", "waiting")
+    __slots__ = ("cancelled", "cohort", "finish", "owner", "start", "steps", "tokens", "waiting")
 
     def __init__(self, owner: Any, start: float, tokens: int) -> None:
         self.owner = owner
         self.start = start
         self.tokens = tokens
-        self.finish = start + max(0, tokens - 1)  # the first token comes with the prefill
+        self.steps = max(0, tokens - 1)  # decode steps: the first token comes with the prefill
+        self.finish = start + self.steps
         self.cancelled = False
         self.waiting = False
         self.cohort: Cohort | None = None
@@ -202,7 +203,7 @@ class Replica:
     def _begin(self, s: Sequence) -> None:
         s.waiting = False
         s.start = self.progress
-        s.finish = s.start + max(0, s.tokens - 1)  # the first token comes with the prefill
+        s.finish = s.start + s.steps
         if s.tokens:
             self.stall(self.prefill)
         self._seq += 1

@@ -17,7 +17,7 @@ from stalebound.core.errors import ConfigError
 from stalebound.obs.trace import TrajectoryRecord
 from stalebound.sim.workload import TrajectorySpec, split_turns
 
-__all__ = ["ReplaySource", "id_key", "record_spec", "trace_means"]
+__all__ = ["ReplaySource", "decode_steps", "id_key", "record_spec", "trace_means"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,12 @@ def record_spec(rec: TrajectoryRecord) -> TrajectorySpec:
     segments = split_turns(tokens, turns)
     tools = rec.tool_latencies[: len(segments) - 1]
     return TrajectorySpec(tuple(segments), tools, rec.failed)
+
+
+def decode_steps(rec: TrajectoryRecord) -> int:
+    """The decode steps a record's episode took: its tokens less each turn's first, which comes
+    with the turn's prefill (:mod:`stalebound.sim.engine`)."""
+    return max(0, rec.tokens - 1 - len(rec.tool_latencies))
 
 
 class ReplaySource:
@@ -71,15 +77,14 @@ class ReplaySource:
 
 
 def trace_means(records: list[TrajectoryRecord]) -> tuple[float, float, float, float]:
-    """Per attempt over the complete records: mean tokens, mean decode steps (a turn's first
-    token comes with its prefill, :func:`record_spec`'s turns), mean tool seconds, failure
-    rate."""
+    """Per attempt over the complete records: mean tokens, mean :func:`decode_steps`, mean tool
+    seconds, failure rate."""
     done = [r for r in records if r.complete]
     if not done:
         raise ConfigError("replay: the trace holds no complete trajectory records")
     n = len(done)
     tokens = sum(r.tokens for r in done) / n
-    steps = sum(max(0, r.tokens - 1 - len(r.tool_latencies)) for r in done) / n
+    steps = sum(decode_steps(r) for r in done) / n
     tools = sum(sum(r.tool_latencies) for r in done) / n
     failed = sum(r.failed for r in done) / n
     return tokens, steps, tools, failed
